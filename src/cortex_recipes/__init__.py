@@ -1,0 +1,3 @@
+"""cortex-recipes: release-qualified post-training journeys for Cortex Training."""
+
+__version__ = "0.1.0"
