@@ -14,6 +14,12 @@ def _cmd_models_path(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from cortex_recipes.local.server import run_from_args
+
+    return run_from_args(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cortex-recipes")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
@@ -28,6 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     path.add_argument("name")
     path.set_defaults(func=_cmd_models_path)
+
+    from cortex_recipes.local.server import add_serve_arguments
+
+    serve = commands.add_parser("serve", help="run the local Cortex Training-compatible backend")
+    add_serve_arguments(serve)
+    serve.set_defaults(func=_cmd_serve)
     return parser
 
 

@@ -1,0 +1,179 @@
+"""The FastAPI app: Cortex Training REST routes over a :class:`JobManager`."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from cortex_recipes.local.errors import BackendError
+from cortex_recipes.local.jobs import JobManager
+
+log = logging.getLogger(__name__)
+
+PREFIX = "/api/v2/databases/{database}/schemas/{schema}/cortex-training"
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024 + 64 * 1024  # the SDK's 60 MiB frames plus chunk overhead
+
+
+def _error(status: int, message: str, code: Any = None) -> JSONResponse:
+    return JSONResponse(
+        status_code=status,
+        content={"message": message, "code": code if code is not None else status},
+    )
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BackendError(
+            f"request body of {declared} bytes exceeds the limit of {limit} bytes", status=413
+        )
+    data = bytearray()
+    async for chunk in request.stream():
+        data.extend(chunk)
+        if len(data) > limit:
+            raise BackendError(f"request body exceeds the limit of {limit} bytes", status=413)
+    return bytes(data)
+
+
+async def _json(request: Request, limit: int) -> Any:
+    raw = await _body(request, limit)
+    if not raw:
+        return {}
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise BackendError(f"request body is not valid JSON: {exc}") from exc
+
+
+def _object(body: Any, what: str) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise BackendError(f"{what} body must be a JSON object")
+    return body
+
+
+def create_app(
+    state_dir: Path,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    result_chunk_bytes: int = 8 * 1024 * 1024,
+    threads: int | None = None,
+) -> FastAPI:
+    manager = JobManager(state_dir, result_chunk_bytes=result_chunk_bytes, threads=threads)
+    app = FastAPI(title="cortex-recipes local backend", docs_url=None, redoc_url=None)
+    app.state.manager = manager
+
+    @app.exception_handler(BackendError)
+    async def _backend_error(_: Request, exc: BackendError) -> JSONResponse:
+        return _error(exc.status, exc.message, exc.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(400, f"invalid request: {exc.errors()}")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected server error")
+        return _error(500, f"internal error: {type(exc).__name__}")
+
+    @app.on_event("shutdown")
+    def _shutdown() -> None:
+        manager.shutdown()
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post(PREFIX)
+    async def create_job(request: Request, database: str, schema: str) -> dict[str, Any]:
+        body = await _json(request, max_body_bytes)
+        return manager.create_job(body)
+
+    @app.get(PREFIX)
+    def list_jobs(database: str, schema: str, status: str | None = None) -> dict[str, Any]:
+        jobs = [manager.describe(j) for j in manager.jobs.values()]
+        if status:
+            jobs = [j for j in jobs if j["status"] == status.lower()]
+        return {"jobs": jobs}
+
+    @app.get(PREFIX + "/capacity")
+    def capacity(database: str, schema: str) -> dict[str, Any]:
+        return {
+            "has_reservation": False,
+            "max_total_gpus": 0,
+            "in_use_gpus": 0,
+            "pending_gpus": 0,
+            "available_gpus": 0,
+        }
+
+    @app.get(PREFIX + "/{job_id}")
+    def get_job(database: str, schema: str, job_id: str) -> dict[str, Any]:
+        return manager.describe(manager.get(job_id))
+
+    @app.post(PREFIX + "/{job_action}")
+    def job_action(database: str, schema: str, job_action: str) -> dict[str, Any]:
+        job_id, sep, action = job_action.partition(":")
+        if sep and action == "cancel":
+            manager.cancel(job_id)
+            return {"job_id": job_id, "status": manager.get(job_id).status}
+        raise BackendError(
+            f"unknown job action {job_action!r}; accepted: {{job_id}}:cancel", status=405
+        )
+
+    @app.post(PREFIX + "/{job_id}/forward-backward")
+    async def forward_backward(
+        request: Request, database: str, schema: str, job_id: str
+    ) -> dict[str, Any]:
+        data = await _body(request, max_body_bytes)
+        return manager.receive_forward_backward(job_id, data)
+
+    @app.post(PREFIX + "/{job_id}/step")
+    async def step(request: Request, database: str, schema: str, job_id: str) -> dict[str, Any]:
+        return manager.step(job_id, _object(await _json(request, max_body_bytes), "step"))
+
+    @app.post(PREFIX + "/{job_id}/save")
+    async def save(request: Request, database: str, schema: str, job_id: str) -> dict[str, Any]:
+        return manager.save(job_id, _object(await _json(request, max_body_bytes), "save"))
+
+    @app.post(PREFIX + "/{job_id}/load")
+    async def load(request: Request, database: str, schema: str, job_id: str) -> dict[str, Any]:
+        return manager.load(job_id, _object(await _json(request, max_body_bytes), "load"))
+
+    @app.get(PREFIX + "/{job_id}/checkpoints")
+    def list_checkpoints(database: str, schema: str, job_id: str) -> dict[str, Any]:
+        return {"checkpoints": manager.list_checkpoints(job_id)}
+
+    @app.delete(PREFIX + "/{job_id}/checkpoints/{checkpoint_id}")
+    def delete_checkpoint(
+        database: str, schema: str, job_id: str, checkpoint_id: str
+    ) -> dict[str, Any]:
+        manager.delete_checkpoint(job_id, checkpoint_id)
+        return {"job_id": job_id, "checkpoint_id": checkpoint_id, "deleted": True}
+
+    @app.post(PREFIX + "/{job_id}/generate")
+    async def generate(request: Request, database: str, schema: str, job_id: str) -> dict[str, Any]:
+        return manager.generate(job_id, await _body(request, max_body_bytes))
+
+    @app.post(PREFIX + "/{job_id}/operation")
+    async def operation(
+        request: Request, database: str, schema: str, job_id: str
+    ) -> dict[str, Any]:
+        return manager.operation(job_id, await _json(request, max_body_bytes))
+
+    @app.get(PREFIX + "/{job_id}/requests/{request_id}")
+    def request_status(
+        database: str,
+        schema: str,
+        job_id: str,
+        request_id: str,
+        cursor: str | None = None,
+        max_events: int | None = None,
+    ) -> dict[str, Any]:
+        return manager.request_status(job_id, request_id, cursor, max_events)
+
+    return app

@@ -1,0 +1,225 @@
+"""Run the local backend: in the foreground (``cortex-recipes serve``) or as a child process.
+
+The server binds 127.0.0.1 unless told otherwise. :class:`LocalBackend` starts it as a child
+process on a free loopback port, waits until it answers, and stops it (and its workers) on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+LOCAL_DATABASE = "LOCAL"
+LOCAL_SCHEMA = "PUBLIC"
+
+
+def serve(
+    host: str,
+    port: int,
+    state_dir: Path,
+    *,
+    ready_file: Path | None = None,
+    threads: int | None = None,
+    max_body_bytes: int | None = None,
+) -> None:
+    import uvicorn
+
+    from cortex_recipes.local.app import create_app
+
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning(
+            "binding %s: the local backend has no authentication; anyone who can reach it can run jobs",
+            host,
+        )
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    bound_port = sock.getsockname()[1]
+    app = create_app(
+        state_dir, threads=threads, **({"max_body_bytes": max_body_bytes} if max_body_bytes else {})
+    )
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30)
+    server = uvicorn.Server(config)
+    if ready_file is not None:
+        tmp = ready_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"host": host, "port": bound_port, "pid": os.getpid()}))
+        os.replace(tmp, ready_file)
+    log.info("local backend listening on http://%s:%d (state in %s)", host, bound_port, state_dir)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        app.state.manager.shutdown()
+
+
+class LocalBackend:
+    """A local backend in a child process; use as a context manager.
+
+    ``base_url``, ``database`` and ``schema`` are what ``CortexTrainingClient`` needs.
+    """
+
+    def __init__(
+        self,
+        state_dir: Path | None = None,
+        *,
+        startup_timeout: float = 60.0,
+        threads: int | None = None,
+        log_path: Path | None = None,
+    ):
+        self._tmp = None
+        if state_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="cortex-local-")
+            state_dir = Path(self._tmp.name)
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.startup_timeout = startup_timeout
+        self.threads = threads
+        self.log_path = log_path or self.state_dir / "server.log"
+        self.process: subprocess.Popen | None = None
+        self.base_url = ""
+        self.database, self.schema = LOCAL_DATABASE, LOCAL_SCHEMA
+
+    def start(self) -> LocalBackend:
+        ready = self.state_dir / f"server-{os.getpid()}-{time.monotonic_ns()}.ready"
+        cmd = [
+            sys.executable,
+            "-m",
+            "cortex_recipes.local.server",
+            "--host",
+            DEFAULT_HOST,
+            "--port",
+            "0",
+            "--state-dir",
+            str(self.state_dir),
+            "--ready-file",
+            str(ready),
+        ]
+        if self.threads:
+            cmd += ["--threads", str(self.threads)]
+        if self.max_body_bytes:
+            cmd += ["--max-body-bytes", str(self.max_body_bytes)]
+        with open(self.log_path, "ab") as log_file:
+            self.process = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + self.startup_timeout
+        while not ready.exists():
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"local backend exited with code {self.process.returncode}; see {self.log_path}"
+                )
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(
+                    f"local backend did not start within {self.startup_timeout}s; see {self.log_path}"
+                )
+            time.sleep(0.05)
+        info = json.loads(ready.read_text())
+        ready.unlink()
+        self.base_url = f"http://{info['host']}:{info['port']}"
+        while True:
+            try:
+                if requests.get(f"{self.base_url}/healthz", timeout=2).ok:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"local backend did not answer within {self.startup_timeout}s")
+            time.sleep(0.05)
+        return self
+
+    def client(self, **kwargs):
+        from cortex_training import CortexTrainingClient
+
+        return CortexTrainingClient(
+            base_url=self.base_url, database=self.database, schema=self.schema, **kwargs
+        )
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.process = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> LocalBackend:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="cortex-recipes serve", description="Run the local Cortex Training-compatible backend."
+    )
+    add_serve_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return run_from_args(args)
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default=DEFAULT_HOST, help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8084, help="port (0 picks a free one)")
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="checkpoints and worker logs (default: a new temp dir)",
+    )
+    parser.add_argument("--ready-file", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per worker (default: cores / sub-jobs)",
+    )
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    state_dir = args.state_dir or Path(tempfile.mkdtemp(prefix="cortex-local-"))
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with contextlib.suppress(KeyboardInterrupt):
+        serve(
+            args.host,
+            args.port,
+            state_dir,
+            ready_file=args.ready_file,
+            threads=args.threads,
+            max_body_bytes=args.max_body_bytes,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
