@@ -80,7 +80,9 @@ class LocalBackend:
         startup_timeout: float = 60.0,
         threads: int | None = None,
         log_path: Path | None = None,
+        max_body_bytes: int | None = None,
     ):
+        self.max_body_bytes = max_body_bytes
         self._tmp = None
         if state_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="cortex-local-")
