@@ -201,6 +201,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--ready-file", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=None,
+        help="largest accepted request body in bytes (default 64 MiB + 64 KiB)",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,
