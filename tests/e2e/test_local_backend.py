@@ -6,8 +6,6 @@ fixture weights.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import requests
 import torch
@@ -174,23 +172,6 @@ def test_sampler_logprobs_match_log_probability_forward(client, rl_job):
     n = len(out["token_ids"])
     teacher = scored[len(prompt) - 1 : len(prompt) - 1 + n]
     assert torch.allclose(teacher, torch.tensor(sampled), atol=1e-4)
-
-
-def _trainer_and_sampler_logprobs(client, job_id, ids):
-    frame = wire.dumps(
-        {"args": (), "kwargs": {"input_ids": ids}, "processing": {"post": ["compute_logprobs"]}}
-    )
-    trainer = run(
-        client, job_id, client.forward(job_id, frame, sub_job_type="training")["request_id"]
-    )
-    out = run(
-        client,
-        job_id,
-        client.generate(
-            job_id, [ids[0, :-4].tolist()], {"max_tokens": 4, "temperature": 0.0, "logprobs": 0}
-        ),
-    )["results"][0]
-    return trainer["post_process_outputs"]["logprobs"], out
 
 
 def _assert_sampler_matches_trainer(client, job_id):
@@ -510,4 +491,3 @@ def test_step_clips_gradients_and_reports_lr(client):
     assert step["last_lr"] == 2e-3 and step["grad_norm"] > 0.5
     client.cancel_job(job_id)
     assert client.get_job(job_id)["status"] == "cancelled"
-    time.sleep(0)
