@@ -9,12 +9,17 @@ from cortex_recipes.local import LocalBackend
 
 TINY = "tiny-qwen3"
 SMALL_BODY_LIMIT = 2 * 1024 * 1024
+# Small, so that any result over 12 KiB travels as paged result_chunk events (the SDK reserves
+# 8 KiB of each chunk frame for its header, leaving 4 KiB payload chunks).
+SMALL_RESULT_CHUNK = 12 * 1024
 
 
 @pytest.fixture(scope="session")
 def backend(tmp_path_factory):
     state = tmp_path_factory.mktemp("local-backend")
-    with LocalBackend(state, threads=1, max_body_bytes=SMALL_BODY_LIMIT) as running:
+    with LocalBackend(
+        state, threads=1, max_body_bytes=SMALL_BODY_LIMIT, result_chunk_bytes=SMALL_RESULT_CHUNK
+    ) as running:
         yield running
 
 

@@ -203,37 +203,25 @@ def train_one_step(client, job_id, seed=8, lr=None):
     return loss, run(client, job_id, client.step(job_id, learning_rate=lr))
 
 
-def test_full_weight_sync_makes_sampler_match_trainer(client, rl_job):
-    train_one_step(client, rl_job)
-    trainer_lp, sampled = _assert_sampler_matches_trainer(client, rl_job)
-    assert not torch.allclose(trainer_lp, sampled, atol=1e-3), (
-        "the step should have moved the trainer"
+def _check_weight_sync(client, job_id, weight_format):
+    train_one_step(client, job_id)
+    trainer_lp, sampled = _assert_sampler_matches_trainer(client, job_id)
+    assert not torch.allclose(trainer_lp, sampled, atol=1e-4), "the step should move the trainer"
+    sync = client.weight_sync(
+        job_id, f"{job_id}:training:0", [f"{job_id}:sampling:0"], weight_format=weight_format
     )
-    run(
-        client,
-        rl_job,
-        client.weight_sync(
-            rl_job, f"{rl_job}:training:0", [f"{rl_job}:sampling:0"], weight_format="hf"
-        ),
-    )
-    trainer_lp, sampled = _assert_sampler_matches_trainer(client, rl_job)
+    run(client, job_id, sync)
+    trainer_lp, sampled = _assert_sampler_matches_trainer(client, job_id)
     assert torch.allclose(trainer_lp, sampled, atol=1e-4)
+
+
+def test_full_weight_sync_makes_sampler_match_trainer(client, rl_job):
+    _check_weight_sync(client, rl_job, "hf")
 
 
 def test_lora_weight_sync_makes_sampler_match_trainer(client):
     job_id = start(client, [training(lora=LORA, lr=1e-2), inference(lora=LORA)])
-    train_one_step(client, job_id)
-    trainer_lp, sampled = _assert_sampler_matches_trainer(client, job_id)
-    assert not torch.allclose(trainer_lp, sampled, atol=1e-4)
-    run(
-        client,
-        job_id,
-        client.weight_sync(
-            job_id, f"{job_id}:training:0", [f"{job_id}:sampling:0"], weight_format="lora"
-        ),
-    )
-    trainer_lp, sampled = _assert_sampler_matches_trainer(client, job_id)
-    assert torch.allclose(trainer_lp, sampled, atol=1e-4)
+    _check_weight_sync(client, job_id, "lora")
     client.cancel_job(job_id)
 
 
@@ -477,12 +465,15 @@ def test_bad_job_configs_are_rejected_before_any_worker_starts(client):
     assert "has no local weights" in info.value.response.json()["message"]
 
 
-def test_large_results_arrive_as_result_chunks(client, backend, fresh):
-    ids = batch(70, rows=4, length=256)
-    result = run(
-        client, fresh, client.forward_backward(fresh, ce_frame(ids, torch.ones(ids.shape)))
-    )
-    assert result["post_process_outputs"]["logprobs"].shape == (4, 256)
+def test_large_results_arrive_as_result_chunks(client, backend, rl_job):
+    params = {"max_tokens": 40, "temperature": 1.0, "seed": 5, "logprobs": 20, "ignore_eos": True}
+    request_id = client.generate(rl_job, [[11, 12, 13]], params)
+    result = run(client, rl_job, request_id)["results"][0]
+    assert len(result["token_ids"]) == 40 and all(len(e) >= 20 for e in result["logprobs"])
+    url = f"{backend.base_url}/api/v2/databases/LOCAL/schemas/PUBLIC/cortex-training/{rl_job}/requests/{request_id}"
+    page = requests.get(url, params={"max_events": 1}, timeout=30).json()
+    assert page["result"] is None and page["next_cursor"] == "1"
+    assert [e["type"] for e in page["events"]] == ["result_chunk"]
 
 
 def test_step_clips_gradients_and_reports_lr(client):

@@ -53,10 +53,10 @@ def _dedupe_tied(state: dict[str, torch.Tensor], model) -> dict[str, torch.Tenso
 
 
 def save_full_weights(model, path: Path) -> None:
-    save_file(_dedupe_tied(full_state_dict(model), _base(model)), str(path))
+    save_file(_dedupe_tied(full_state_dict(model), base_model(model)), str(path))
 
 
-def _base(model):
+def base_model(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 

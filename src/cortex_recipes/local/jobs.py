@@ -24,7 +24,13 @@ from cortex_recipes.local import processors
 from cortex_recipes.local.checkpoints import META, read_meta
 from cortex_recipes.local.errors import BackendError, Conflict, NotFound
 from cortex_recipes.local.sampling import parse_sampling_params
-from cortex_recipes.local.specs import CHECKPOINT_ID_RE, JOB_ID_RE, SubJobSpec, parse_sub_jobs
+from cortex_recipes.local.specs import (
+    CHECKPOINT_ID_RE,
+    JOB_ID_RE,
+    JOB_TYPES,
+    SubJobSpec,
+    parse_sub_jobs,
+)
 from cortex_recipes.local.workers import WorkerHandle, WorkerReply
 from cortex_recipes.models import FIXTURE_MODELS, ModelNotAvailableError, resolve_model_path
 
@@ -869,15 +875,7 @@ class JobManager:
             raise BackendError(
                 "tail-logs needs sub_job_id or sub_job_type when a job has several sub-jobs"
             )
-        if sub_job_id is not None:
-            spec = job.sub_job(sub_job_id)
-        elif sub_job_type is not None:
-            matches = job.of_type(sub_job_type)
-            if not matches:
-                raise BackendError(f"job {job.job_id} has no {sub_job_type!r} sub-job")
-            spec = matches[0]
-        else:
-            spec = job.specs[0]
+        spec = self.route(job, "tail-logs", sub_job_id, sub_job_type, JOB_TYPES, JOB_TYPES)
         cursor = payload.get("cursor") or "0"
         max_lines = payload.get("max_lines") or 200
         if (

@@ -36,6 +36,7 @@ def serve(
     ready_file: Path | None = None,
     threads: int | None = None,
     max_body_bytes: int | None = None,
+    result_chunk_bytes: int | None = None,
 ) -> None:
     import uvicorn
 
@@ -52,7 +53,10 @@ def serve(
     sock.listen(128)
     bound_port = sock.getsockname()[1]
     app = create_app(
-        state_dir, threads=threads, **({"max_body_bytes": max_body_bytes} if max_body_bytes else {})
+        state_dir,
+        threads=threads,
+        **({"max_body_bytes": max_body_bytes} if max_body_bytes else {}),
+        **({"result_chunk_bytes": result_chunk_bytes} if result_chunk_bytes else {}),
     )
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30)
     server = uvicorn.Server(config)
@@ -81,8 +85,10 @@ class LocalBackend:
         threads: int | None = None,
         log_path: Path | None = None,
         max_body_bytes: int | None = None,
+        result_chunk_bytes: int | None = None,
     ):
         self.max_body_bytes = max_body_bytes
+        self.result_chunk_bytes = result_chunk_bytes
         self._tmp = None
         if state_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="cortex-local-")
@@ -115,6 +121,8 @@ class LocalBackend:
             cmd += ["--threads", str(self.threads)]
         if self.max_body_bytes:
             cmd += ["--max-body-bytes", str(self.max_body_bytes)]
+        if self.result_chunk_bytes:
+            cmd += ["--result-chunk-bytes", str(self.result_chunk_bytes)]
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(
                 cmd,
@@ -207,6 +215,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="largest accepted request body in bytes (default 64 MiB + 64 KiB)",
     )
     parser.add_argument(
+        "--result-chunk-bytes",
+        type=int,
+        default=None,
+        help="results larger than this are delivered as result_chunk events (default 8 MiB)",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -225,6 +239,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             ready_file=args.ready_file,
             threads=args.threads,
             max_body_bytes=args.max_body_bytes,
+            result_chunk_bytes=args.result_chunk_bytes,
         )
     return 0
 

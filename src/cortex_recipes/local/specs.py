@@ -178,39 +178,27 @@ def parse_sub_jobs(job_id: str, configs: Any) -> list[SubJobSpec]:
             max_seq_len=0,
             raw=dict(cfg),
         )
+        key, other = (
+            ("training_config", "inference_config")
+            if job_type == "training"
+            else ("inference_config", "training_config")
+        )
+        block = cfg.get(key)
+        if not isinstance(block, dict):
+            raise BackendError(f"{where}.{key} is required for a {job_type} sub-job")
+        if other in cfg:
+            raise BackendError(f"{where} has both training_config and inference_config")
+        spec.max_seq_len = _positive_int(block.get("max_seq_len"), f"{where}.{key}.max_seq_len")
+        _positive_int(block.get("n_gpus"), f"{where}.{key}.n_gpus")
+        spec.lora = parse_lora(block.get("peft_config"), f"{where}.{key}.peft_config")
         if job_type == "training":
-            tc = cfg.get("training_config")
-            if not isinstance(tc, dict):
-                raise BackendError(f"{where}.training_config is required for a training sub-job")
-            if "inference_config" in cfg:
-                raise BackendError(f"{where} has both training_config and inference_config")
-            spec.max_seq_len = _positive_int(
-                tc.get("max_seq_len"), f"{where}.training_config.max_seq_len"
-            )
-            _positive_int(tc.get("train_batch_size"), f"{where}.training_config.train_batch_size")
-            _positive_int(tc.get("n_gpus"), f"{where}.training_config.n_gpus")
-            spec.optimizer = parse_optimizer(
-                tc.get("optimizer"), f"{where}.training_config.optimizer"
-            )
-            if tc.get("gradient_clipping") is not None:
+            _positive_int(block.get("train_batch_size"), f"{where}.{key}.train_batch_size")
+            spec.optimizer = parse_optimizer(block.get("optimizer"), f"{where}.{key}.optimizer")
+            if block.get("gradient_clipping") is not None:
                 spec.gradient_clipping = _finite(
-                    tc["gradient_clipping"],
-                    f"{where}.training_config.gradient_clipping",
-                    minimum=0.0,
+                    block["gradient_clipping"], f"{where}.{key}.gradient_clipping", minimum=0.0
                 )
-            spec.load_optimizer_states = bool(tc.get("load_optimizer_states", True))
-            spec.lora = parse_lora(tc.get("peft_config"), f"{where}.training_config.peft_config")
-        else:
-            ic = cfg.get("inference_config")
-            if not isinstance(ic, dict):
-                raise BackendError(f"{where}.inference_config is required for a {job_type} sub-job")
-            if "training_config" in cfg:
-                raise BackendError(f"{where} has both training_config and inference_config")
-            spec.max_seq_len = _positive_int(
-                ic.get("max_seq_len"), f"{where}.inference_config.max_seq_len"
-            )
-            _positive_int(ic.get("n_gpus"), f"{where}.inference_config.n_gpus")
-            spec.lora = parse_lora(ic.get("peft_config"), f"{where}.inference_config.peft_config")
+            spec.load_optimizer_states = bool(block.get("load_optimizer_states", True))
         source = cfg.get("source_checkpoint_info")
         if source is not None:
             if not isinstance(source, dict) or not isinstance(source.get("checkpoint_id"), str):

@@ -11,11 +11,13 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import socket
 import sys
 import tempfile
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +100,7 @@ class Worker:
         return ids
 
     def _config(self):
-        return checkpoints._base(self.model).config if hasattr(self, "model") else None
+        return checkpoints.base_model(self.model).config if hasattr(self, "model") else None
 
     def _apply_checkpoint_for_inference(self, model, directory: Path):
         meta = checkpoints.read_meta(directory)
@@ -217,8 +219,6 @@ class Worker:
             )
             checkpoints.atomic_publish(tmp, final)
         except BaseException:
-            import shutil
-
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return {"job_id": self.job_id, "global_steps": self.global_steps}
@@ -273,7 +273,6 @@ class Worker:
     @torch.no_grad()
     def forward(self, frame: dict[str, Any]) -> dict[str, Any]:
         kwargs = frame["kwargs"]
-        processing = processors.parse_processing(frame.get("processing"), require_loss=False)
         was_training = self.model.training
         self.model.eval()
         try:
@@ -283,10 +282,8 @@ class Worker:
         context = frame.get("context") or {}
         targets = processors.shifted_labels(kwargs["input_ids"], context.get("labels"))
         logprobs, _ = processors.token_logprobs_and_entropy(logits, targets, with_entropy=False)
-        outputs = {"logprobs": logprobs.float()} if "compute_logprobs" in processing.post else {}
-        if not outputs:
-            outputs = {"logprobs": logprobs.float()}
-        return {"job_id": self.job_id, "post_process_outputs": outputs}
+        # forward exists to score tokens, so logprobs come back with or without post processors.
+        return {"job_id": self.job_id, "post_process_outputs": {"logprobs": logprobs.float()}}
 
     def generate(self, frame: dict[str, Any]) -> dict[str, Any]:
         prompts = frame["prompts"]
@@ -307,8 +304,6 @@ class Worker:
                 )
             budget = self.spec["max_seq_len"] - len(prompt_ids)
             if params.max_tokens > budget:
-                from dataclasses import replace
-
                 params = replace(params, max_tokens=budget)
             generator = (
                 torch.Generator().manual_seed(params.seed)
