@@ -54,12 +54,19 @@ class Request:
     result: bytes | None = None
     error: str | None = None
     future: Future | None = None
+    done: threading.Event = field(default_factory=threading.Event)
 
     def finish(self, *, result: bytes | None = None, error: str | None = None) -> None:
         now = time.time()
         self.result, self.error = result, error
         self.status = "failed" if error is not None else "completed"
         self.updated_at = now
+        self.done.set()
+
+    def cancel(self, reason: str) -> None:
+        self.status, self.error = "cancelled", reason
+        self.updated_at = time.time()
+        self.done.set()
 
 
 @dataclass
@@ -118,7 +125,11 @@ class JobManager:
         *,
         result_chunk_bytes: int = 8 * 1024 * 1024,
         threads: int | None = None,
+        poll_wait_s: float = 0.25,
     ):
+        # A status poll of an unfinished request waits up to poll_wait_s for it to finish, so a
+        # client polling in a tight loop neither adds latency nor steals CPU from the workers.
+        self.poll_wait_s = poll_wait_s
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.result_chunk_bytes = result_chunk_bytes
@@ -278,8 +289,7 @@ class JobManager:
     @staticmethod
     def _complete(request: Request, future: Future) -> None:
         if future.cancelled():
-            request.status, request.error = "cancelled", "cancelled before it started"
-            request.updated_at = time.time()
+            request.cancel("cancelled before it started")
             return
         exc = future.exception()
         if exc is not None:
@@ -315,6 +325,8 @@ class JobManager:
         request = job.requests.get(request_id)
         if request is None:
             raise NotFound(f"request {request_id!r} not found in job {job_id}")
+        if not cursor:
+            request.done.wait(self.poll_wait_s)
         status = request.status
         if status == "pending" and request.future is not None and request.future.running():
             status = "running"
@@ -370,8 +382,7 @@ class JobManager:
             raise NotFound(f"request {request_id!r} not found in job {job.job_id}")
         cancelled = bool(request.future and request.future.cancel())
         if cancelled:
-            request.status, request.error = "cancelled", "cancelled by request"
-            request.updated_at = time.time()
+            request.cancel("cancelled by request")
         return {"request_id": request_id, "cancelled": cancelled, "status": request.status}
 
     # -- routing -----------------------------------------------------------------------------------
