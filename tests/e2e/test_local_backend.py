@@ -153,6 +153,26 @@ def test_seeded_generate_is_deterministic_and_token_ids_round_trip(client, rl_jo
     assert other[0]["token_ids"] != first[0]["token_ids"]
 
 
+def test_text_prompts_stop_strings_stop_ids_and_length(client, rl_job):
+    greedy = {"max_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+    base = run(client, rl_job, client.generate(rl_job, ["hello world"], greedy))["results"][0]
+    assert base["finish_reason"] == "length" and len(base["token_ids"]) == 12
+    assert base["prompt_token_ids"] and base["text"]
+    stop_id = base["token_ids"][3]
+    by_id = {**greedy, "stop_token_ids": [stop_id]}
+    stopped = run(client, rl_job, client.generate(rl_job, ["hello world"], by_id))["results"][0]
+    first = base["token_ids"].index(stop_id)
+    assert (
+        stopped["finish_reason"] == "stop"
+        and stopped["token_ids"] == base["token_ids"][: first + 1]
+    )
+    stop_text = base["text"][len(base["text"]) // 2 :][:3]
+    by_text = {**greedy, "stop": [stop_text]}
+    cut = run(client, rl_job, client.generate(rl_job, ["hello world"], by_text))["results"][0]
+    assert cut["finish_reason"] == "stop" and stop_text not in cut["text"]
+    assert base["text"].startswith(cut["text"])
+
+
 def test_sampler_logprobs_match_log_probability_forward(client, rl_job):
     prompt = batch(6, rows=1, length=10)[0].tolist()
     out = run(

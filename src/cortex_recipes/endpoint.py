@@ -1,0 +1,88 @@
+"""Connections: ``local`` (the embedded backend in a child process) or a connection file.
+
+A connection file is JSON, either a Cortex PAT connection
+``{"host": ..., "pat": ..., "database": ..., "schema": ...}`` or a compatible server
+``{"base_url": ..., "database": ..., "schema": ...}``. Journey code receives a plain
+``CortexTrainingClient`` either way and never branches on which it got. Secrets are never
+logged or echoed in errors.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+LOCAL = "local"
+_PAT_KEYS = {"host", "pat", "database", "schema"}
+_URL_KEYS = {"base_url", "database", "schema"}
+_OPTIONAL_KEYS = {"endpoint", "verify_ssl"}
+
+
+class ConnectionConfigError(ValueError):
+    """A connection file that cannot be used; the message names the file and the field."""
+
+
+def read_connection_file(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError as exc:
+        raise ConnectionConfigError(f"connection file {path} does not exist") from exc
+    except ValueError as exc:
+        raise ConnectionConfigError(f"connection file {path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConnectionConfigError(f"connection file {path} must hold a JSON object")
+    required = _PAT_KEYS if "pat" in data or "host" in data else _URL_KEYS
+    missing = sorted(k for k in required if not isinstance(data.get(k), str) or not data[k])
+    if missing:
+        raise ConnectionConfigError(
+            f"connection file {path} is missing {missing}; a PAT connection needs "
+            f"{sorted(_PAT_KEYS)}, a compatible server needs {sorted(_URL_KEYS)}"
+        )
+    unknown = sorted(set(data) - required - _OPTIONAL_KEYS)
+    if unknown:
+        raise ConnectionConfigError(f"connection file {path} has unknown keys {unknown}")
+    return data
+
+
+@contextmanager
+def connect(connection: str = LOCAL, *, state_dir: Path | None = None) -> Iterator[Any]:
+    """Yield a ``CortexTrainingClient`` for ``connection`` and clean up afterwards."""
+    from cortex_training import CortexTrainingClient
+
+    if connection == LOCAL:
+        from cortex_recipes.local import LocalBackend
+
+        with LocalBackend(state_dir) as backend:
+            log.info("local backend at %s (state in %s)", backend.base_url, backend.state_dir)
+            client = backend.client()
+            try:
+                yield client
+            finally:
+                client.close()
+        return
+    data = read_connection_file(Path(connection))
+    extra = {k: data[k] for k in ("endpoint",) if k in data}
+    if "pat" in data:
+        client = CortexTrainingClient.from_pat(
+            host=data["host"],
+            pat=data["pat"],
+            database=data["database"],
+            schema=data["schema"],
+            verify_ssl=bool(data.get("verify_ssl", True)),
+            **extra,
+        )
+    else:
+        client = CortexTrainingClient(
+            base_url=data["base_url"], database=data["database"], schema=data["schema"], **extra
+        )
+    log.info("connected to a Cortex Training endpoint from %s", connection)
+    try:
+        yield client
+    finally:
+        client.close()
