@@ -1,0 +1,181 @@
+"""Conversations -> token ids with per-token supervision weights -> next-token loss masks.
+
+Which tokens train is a named choice (:class:`TrainOnWhat`); a message may carry a ``weight``
+(default 1.0) that is preserved, not collapsed, into the mask. Tokens come from the
+``renderers`` package when a renderer exists for the model (``renderer="qwen3"``), and
+otherwise from the tokenizer's own chat template, split per message by rendering growing
+prefixes; a template whose renders do not extend each other token for token is rejected.
+
+Alignment: :func:`render_supervised` gives token-aligned weights (``weights[t]`` = how much
+predicting token ``t`` counts). :func:`next_token_mask` is the one place that shifts them to
+the prediction-aligned ``loss_mask`` the processors expect (column ``i`` weights token
+``i + 1``; the last column is 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+CHAT_TEMPLATE = "chat_template"
+RENDERERS = ("qwen3", CHAT_TEMPLATE)
+
+
+class TrainOnWhat(StrEnum):
+    ALL_ASSISTANT_MESSAGES = "all_assistant_messages"
+    LAST_ASSISTANT_MESSAGE = "last_assistant_message"
+
+
+class SupervisionError(ValueError):
+    """A conversation or template that cannot be supervised as asked."""
+
+
+@dataclass(frozen=True)
+class WeightedTokens:
+    token_ids: list[int]
+    weights: list[float]  # token-aligned: weight of predicting token_ids[t]
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.weights):
+            raise SupervisionError(
+                f"{len(self.token_ids)} token ids but {len(self.weights)} weights"
+            )
+
+
+def make_renderer(tokenizer, name: str):
+    """A ``renderers`` renderer for ``name``, or ``None`` for the tokenizer's chat template."""
+    if name == CHAT_TEMPLATE:
+        return None
+    if name == "qwen3":
+        from renderers import create_renderer
+        from renderers.configs import Qwen3RendererConfig
+
+        return create_renderer(tokenizer, Qwen3RendererConfig())
+    raise SupervisionError(f"renderer={name!r}; accepted: {', '.join(RENDERERS)}")
+
+
+def message_weights(messages: Sequence[dict[str, Any]], train_on: TrainOnWhat) -> list[float]:
+    """Weight of each message under ``train_on``; non-assistant messages are always 0."""
+    train_on = TrainOnWhat(train_on)
+    assistant = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    selected = set(assistant[-1:] if train_on is TrainOnWhat.LAST_ASSISTANT_MESSAGE else assistant)
+    weights = []
+    for i, message in enumerate(messages):
+        weight = message.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, int | float):
+            raise SupervisionError(f"messages[{i}].weight={weight!r} must be a number")
+        if not math.isfinite(weight) or weight < 0:
+            raise SupervisionError(f"messages[{i}].weight={weight!r} must be finite and >= 0")
+        weights.append(float(weight) if i in selected else 0.0)
+    return weights
+
+
+def _clean(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in m.items() if k != "weight"} for m in messages]
+
+
+def _template_text(tokenizer, messages, *, add_generation_prompt: bool) -> str:
+    if not messages:
+        return ""
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+
+
+def _template_supervised(tokenizer, messages, per_message: list[float]) -> WeightedTokens:
+    """Split a chat-template render per message by character spans of growing prefixes."""
+    full = _template_text(tokenizer, messages, add_generation_prompt=False)
+    encoded = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = list(encoded["input_ids"]), encoded["offset_mapping"]
+    weights = [0.0] * len(ids)
+    eos = tokenizer.eos_token_id
+    for i, weight in enumerate(per_message):
+        if weight == 0.0:
+            continue
+        context = _template_text(tokenizer, messages[:i], add_generation_prompt=True)
+        upto = _template_text(tokenizer, messages[: i + 1], add_generation_prompt=False)
+        if not upto.startswith(context) or not full.startswith(upto):
+            raise SupervisionError(
+                f"the chat template does not extend its earlier render at messages[{i}]: the "
+                "text of earlier turns changes when later turns are added, so the assistant "
+                "turn cannot be located; use a renderer for this model"
+            )
+        # A token belongs to the turn when it starts inside it (a token merged across the
+        # boundary stays context). Train through the turn-closing token, not after it.
+        span = [t for t, (start, _) in enumerate(offsets) if len(context) <= start < len(upto)]
+        closes = [t for t in span if ids[t] == eos]
+        for t in span[: span.index(closes[-1]) + 1] if closes else span:
+            weights[t] = weight
+    return WeightedTokens(ids, weights)
+
+
+def render_supervised(
+    messages: Sequence[dict[str, Any]], tokenizer, renderer, train_on: TrainOnWhat
+) -> WeightedTokens:
+    """Token ids of ``messages`` and token-aligned supervision weights."""
+    if not messages:
+        raise SupervisionError("a conversation needs at least one message")
+    per_message = message_weights(messages, train_on)
+    clean = _clean(messages)
+    if renderer is None:
+        return _template_supervised(tokenizer, clean, per_message)
+    rendered = renderer.render(clean)
+    weights = [
+        per_message[m] if sampled and m >= 0 else 0.0
+        for m, sampled in zip(rendered.message_indices, rendered.sampled_mask, strict=True)
+    ]
+    return WeightedTokens(list(rendered.token_ids), weights)
+
+
+def truncate(example: WeightedTokens, max_seq_len: int) -> WeightedTokens:
+    """Keep the first ``max_seq_len`` tokens with their own weights."""
+    return WeightedTokens(example.token_ids[:max_seq_len], example.weights[:max_seq_len])
+
+
+def next_token_mask(weights: Sequence[float]) -> list[float]:
+    """Prediction-aligned loss mask: column ``i`` weights token ``i + 1``; the last is 0."""
+    return [*weights[1:], 0.0] if weights else []
+
+
+@dataclass(frozen=True)
+class SFTBatch:
+    input_ids: torch.Tensor  # [B, T] long, right-padded
+    loss_mask: torch.Tensor  # [B, T] float32, prediction-aligned; 0 on padding
+    n_dropped: int  # examples with no supervised token left (never sent)
+    n_truncated: int
+
+
+def collate(examples: Sequence[WeightedTokens], *, pad_id: int, max_seq_len: int) -> SFTBatch:
+    """Truncate, drop unsupervised examples, right-pad, and build the next-token mask."""
+    rows: list[tuple[list[int], list[float]]] = []
+    dropped = truncated = 0
+    for example in examples:
+        if len(example.token_ids) > max_seq_len:
+            truncated += 1
+        cut = truncate(example, max_seq_len)
+        mask = next_token_mask(cut.weights)
+        if not any(w > 0 for w in mask):
+            dropped += 1
+            continue
+        rows.append((cut.token_ids, mask))
+    if dropped:
+        log.info("dropped %d example(s) with no supervised token after truncation", dropped)
+    if not rows:
+        raise SupervisionError(
+            f"no example in this batch of {len(examples)} has a supervised token"
+        )
+    width = max(len(ids) for ids, _ in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    loss_mask = torch.zeros((len(rows), width), dtype=torch.float32)
+    for r, (ids, mask) in enumerate(rows):
+        input_ids[r, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        loss_mask[r, : len(mask)] = torch.tensor(mask, dtype=torch.float32)
+    return SFTBatch(input_ids, loss_mask, dropped, truncated)

@@ -1,0 +1,186 @@
+"""Renderer weights -> next-token loss masks, and the SFT forward-backward payload."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from cortex_training import wire
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cortex_recipes.models import load_tokenizer
+from cortex_recipes.payloads import legacy_labels_frame, sft_frame
+from cortex_recipes.supervision import (
+    SupervisionError,
+    TrainOnWhat,
+    WeightedTokens,
+    collate,
+    make_renderer,
+    next_token_mask,
+    render_supervised,
+)
+
+pytestmark = pytest.mark.contract
+
+SETUPS = {
+    "qwen3-renderer": ("tiny-qwen3", "qwen3"),
+    "smollm2-template": ("smollm2-135m-instruct", "chat_template"),
+}
+
+
+@functools.cache
+def setup(name: str):
+    model, renderer = SETUPS[name]
+    tokenizer = load_tokenizer(model)
+    return tokenizer, make_renderer(tokenizer, renderer)
+
+
+words = st.sampled_from(["hi", "ok", "12", "the cat", "3.5", "  x", "yes!", "Snowflake", "é"])
+text = st.lists(words, min_size=1, max_size=4).map(" ".join)
+weight = st.sampled_from([0.0, 0.25, 0.5, 1.0, 2.0])
+
+
+@st.composite
+def conversations(draw):
+    turns = draw(st.integers(1, 3))
+    messages = []
+    if draw(st.booleans()):
+        messages.append({"role": "system", "content": draw(text)})
+    for _ in range(turns):
+        messages.append({"role": "user", "content": draw(text)})
+        messages.append({"role": "assistant", "content": draw(text), "weight": draw(weight)})
+    return messages
+
+
+def _supervised_text(tokenizer, example: WeightedTokens, target: float) -> str:
+    return tokenizer.decode(
+        [t for t, w in zip(example.token_ids, example.weights, strict=True) if w == target]
+    )
+
+
+@pytest.mark.parametrize("name", sorted(SETUPS))
+@settings(max_examples=40, deadline=None)
+@given(messages=conversations(), train_on=st.sampled_from(list(TrainOnWhat)))
+def test_weights_follow_messages_and_mask_is_next_token_aligned(name, messages, train_on):
+    tokenizer, renderer = setup(name)
+    example = render_supervised(messages, tokenizer, renderer, train_on)
+    assistant = [m for m in messages if m["role"] == "assistant"]
+    selected = assistant[-1:] if train_on == TrainOnWhat.LAST_ASSISTANT_MESSAGE else assistant
+    expected = {m["weight"] for m in selected if m["weight"] > 0}
+    assert set(example.weights) - {0.0} == expected  # weights preserved, not collapsed
+    for w in expected:
+        supervised = _supervised_text(tokenizer, example, w)
+        for message in selected:
+            if message["weight"] == w:
+                assert (
+                    message["content"].strip() in supervised
+                )  # a boundary-merged space stays context
+        assert supervised.endswith(tokenizer.eos_token)  # trained through the turn close
+    mask = next_token_mask(example.weights)
+    assert len(mask) == len(example.token_ids) and mask[-1] == 0.0
+    assert mask[:-1] == example.weights[1:]
+
+
+@pytest.mark.parametrize("name", sorted(SETUPS))
+def test_user_system_and_unselected_tokens_are_never_supervised(name):
+    tokenizer, renderer = setup(name)
+    messages = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "question one"},
+        {"role": "assistant", "content": "first answer"},
+        {"role": "user", "content": "question two"},
+        {"role": "assistant", "content": "second answer", "weight": 0.5},
+    ]
+    last = render_supervised(messages, tokenizer, renderer, TrainOnWhat.LAST_ASSISTANT_MESSAGE)
+    supervised = _supervised_text(tokenizer, last, 0.5)
+    assert "second answer" in supervised and "first answer" not in supervised
+    assert "question" not in supervised and "sys" not in supervised
+    assert set(last.weights) == {0.0, 0.5}
+
+
+def test_template_that_rewrites_history_is_rejected():
+    tokenizer, _ = setup("smollm2-template")
+    broken = tokenizer.chat_template.replace(
+        "{% for message in messages %}", "{% for message in messages[-2:] %}"
+    )
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
+    tokenizer.chat_template = broken
+    messages = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+        {"role": "assistant", "content": "d"},
+    ]
+    with pytest.raises(
+        SupervisionError, match=r"does not extend its earlier render at messages\[1\]"
+    ):
+        render_supervised(messages, tokenizer, None, TrainOnWhat.ALL_ASSISTANT_MESSAGES)
+
+
+def test_bad_message_weight_names_the_message():
+    tokenizer, renderer = setup("qwen3-renderer")
+    with pytest.raises(SupervisionError, match=r"messages\[1\].weight=-1"):
+        render_supervised(
+            [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "weight": -1}],
+            tokenizer,
+            renderer,
+            TrainOnWhat.ALL_ASSISTANT_MESSAGES,
+        )
+
+
+def _example(n: int, supervised_from: int, w: float = 1.0) -> WeightedTokens:
+    return WeightedTokens(
+        list(range(100, 100 + n)), [0.0] * supervised_from + [w] * (n - supervised_from)
+    )
+
+
+@pytest.mark.parametrize("max_seq_len", [5, 6, 7, 8, 9, 10])
+def test_truncation_keeps_alignment_at_and_around_the_boundary(max_seq_len):
+    example = _example(9, supervised_from=6, w=0.5)  # tokens 6, 7, 8 supervised
+    batch = collate([example, _example(4, 1)], pad_id=0, max_seq_len=max_seq_len)
+    if max_seq_len <= 6:  # nothing supervised survives: the example is dropped, never sent
+        assert batch.n_dropped == 1 and batch.input_ids.shape[0] == 1
+        return
+    row_ids, row_mask = batch.input_ids[0], batch.loss_mask[0]
+    kept = min(9, max_seq_len)
+    assert row_ids[:kept].tolist() == list(range(100, 100 + kept))
+    expected = [0.0] * 5 + [0.5] * (kept - 6) + [0.0]  # column i weights token i + 1
+    assert row_mask[:kept].tolist() == expected
+    assert batch.n_truncated == (1 if max_seq_len < 9 else 0)
+
+
+def test_padding_is_right_and_never_supervised():
+    batch = collate([_example(3, 1), _example(6, 2, w=0.25)], pad_id=7, max_seq_len=16)
+    assert batch.input_ids.tolist()[0] == [100, 101, 102, 7, 7, 7]
+    assert batch.loss_mask.tolist()[0] == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert batch.loss_mask.tolist()[1] == [0.0, 0.25, 0.25, 0.25, 0.25, 0.0]
+
+
+def test_batch_with_nothing_supervised_is_an_error():
+    with pytest.raises(SupervisionError, match="no example"):
+        collate([_example(4, 4)], pad_id=0, max_seq_len=8)
+
+
+def test_sft_payload_decodes_to_the_causal_cross_entropy_contract():
+    batch = collate([_example(5, 2, w=0.5), _example(3, 1)], pad_id=0, max_seq_len=8)
+    frame = wire.loads(sft_frame(batch))
+    assert frame["processing"] == {
+        "loss_fn": "causal_cross_entropy",
+        "post": ["compute_logprobs"],
+        "config": {},
+    }
+    assert set(frame["kwargs"]) == {"input_ids"}  # no labels
+    assert torch.equal(frame["kwargs"]["input_ids"], batch.input_ids)
+    assert torch.equal(frame["context"]["input_ids"], batch.input_ids)
+    mask = frame["context"]["loss_mask"]
+    assert mask.dtype == torch.float32
+    assert mask.tolist() == [[0.0, 0.5, 0.5, 0.5, 0.0], [1.0, 1.0, 0.0, 0.0, 0.0]]
+
+
+def test_legacy_labels_payload_marks_the_same_tokens():
+    batch = collate([_example(5, 2, w=0.5)], pad_id=0, max_seq_len=8)
+    frame = wire.loads(legacy_labels_frame(batch))
+    assert "processing" not in frame
+    assert frame["kwargs"]["labels"].tolist() == [[-100, -100, 102, 103, 104]]
