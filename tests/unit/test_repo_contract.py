@@ -15,10 +15,11 @@ def _readme_commands() -> list[str]:
     return [line for block in blocks for line in block.splitlines() if line.strip()]
 
 
-def test_readme_has_at_most_two_setup_commands_and_one_runs_pytest():
+def test_readme_has_two_setup_commands_one_journey_one_pytest():
     commands = _readme_commands()
-    assert 1 <= len(commands) <= 2, commands
+    assert len(commands) == 2, commands
     assert sum("pytest" in c for c in commands) == 1
+    assert sum("python -m recipes." in c for c in commands) == 1
 
 
 def test_ci_runs_the_readme_test_command_verbatim():

@@ -1,0 +1,89 @@
+"""Every checked-in SFT profile parses, builds SDK sub-jobs and submits causal_cross_entropy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cortex_training import wire
+
+from cortex_recipes import payloads, sft
+from cortex_recipes.supervision import WeightedTokens, collate
+
+pytestmark = pytest.mark.contract
+
+CONFIGS = sorted(
+    Path(__file__).resolve().parents[2].glob("recipes/sft/conversational/configs/*.json")
+)
+
+
+def test_there_are_cpu_gpu_and_cortex_profiles():
+    names = {p.stem for p in CONFIGS}
+    assert {"local-cpu-tiny-qwen3", "local-cpu-smollm2-lora", "local-cpu-smollm2-full"} <= names
+    assert {"local-gpu-qwen3-0.6b", "cortex-qwen3-8b-lora", "cortex-qwen3-8b-full"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_profile_resolves_to_the_causal_cross_entropy_block(path):
+    profile = sft.load_profile(path)
+    assert profile.dataset.is_file()
+    sub_job = profile.training_sub_job()
+    sub_job.validate()  # the SDK's own typed validation
+    wire_config = sub_job.to_wire()["training_config"]
+    ds = wire_config.get("ds_config", {})
+    assert not set(ds) & set(sft.DS_BATCH_FIELDS)
+    profile.sampling_sub_job().validate()
+    batch = collate([WeightedTokens([1, 2, 3], [0.0, 1.0, 1.0])], pad_id=0, max_seq_len=8)
+    frame = wire.loads(payloads.sft_frame(batch))
+    # The loss block is the same with or without the chunked LM-head memory knob.
+    assert frame["processing"] == {
+        "loss_fn": "causal_cross_entropy",
+        "post": ["compute_logprobs"],
+        "config": {},
+    }
+    assert "labels" not in frame["kwargs"]
+
+
+def test_chunk_knob_is_passed_through_not_turned_into_a_loss_choice():
+    path = next(p for p in CONFIGS if p.stem == "cortex-qwen3-8b-full")
+    wire_config = sft.load_profile(path).training_sub_job().to_wire()["training_config"]
+    assert wire_config["prime_rl"]["fused_lm_head_token_chunk_size"] == 8192
+
+
+def _profile_with(tmp_path, **changes) -> Path:
+    raw = json.loads(next(p for p in CONFIGS if p.stem == "local-cpu-tiny-qwen3").read_text())
+    raw.update(changes)
+    (tmp_path / "configs").mkdir(exist_ok=True)
+    path = tmp_path / "configs" / "p.json"
+    path.write_text(json.dumps(raw))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("ds_config", "message"),
+    [
+        ({"train_batch_size": 16}, "ds_config.train_batch_size=16 disagrees with batch_size=4"),
+        (
+            {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2},
+            "= 2 disagrees with batch_size=4",
+        ),
+    ],
+)
+def test_ds_batch_fields_that_disagree_are_rejected(tmp_path, ds_config, message):
+    with pytest.raises(sft.ProfileError, match=message):
+        sft.load_profile(_profile_with(tmp_path, training={"ds_config": ds_config}))
+
+
+def test_bad_profile_fields_are_named(tmp_path):
+    with pytest.raises(sft.ProfileError, match="train_on='everything'"):
+        sft.load_profile(_profile_with(tmp_path, train_on="everything"))
+    with pytest.raises(sft.ProfileError, match=r"unknown keys \['lr'\]"):
+        sft.load_profile(_profile_with(tmp_path, lr=1))
+
+
+def test_batches_are_seeded_epochs():
+    first = sft.batches(5, 4, 3, seed=0)
+    assert first == sft.batches(5, 4, 3, seed=0) != sft.batches(5, 4, 3, seed=1)
+    flat = [i for b in first for i in b]
+    assert sorted(flat[:5]) == list(range(5))

@@ -1,0 +1,27 @@
+"""The SFT journey end to end on the local backend (smoke profile), twice: same numbers."""
+
+import json
+
+import pytest
+
+from recipes.sft.conversational.train import Config, main
+
+pytestmark = pytest.mark.e2e
+
+
+def test_sft_smoke_runs_writes_metrics_and_is_deterministic(tmp_path):
+    runs = [main(Config(log_path=str(tmp_path / f"run{i}"))) for i in range(2)]
+    assert runs[0]["losses"] == runs[1]["losses"]
+    assert runs[0]["losses"][-1] < runs[0]["losses"][0]
+    metrics = [
+        json.loads(line) for line in (tmp_path / "run0" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert all(m["supervised_tokens"] > 0 and m["dropped_examples"] == 0 for m in metrics)
+    checkpoint = json.loads((tmp_path / "run0" / "checkpoints.jsonl").read_text())
+    assert (
+        checkpoint["checkpoint_type"] == "weights-only"
+        and "/checkpoints/cp_" in checkpoint["stage_path"]
+    )
+    summary = json.loads((tmp_path / "run0" / "summary.json").read_text())
+    assert summary["final_loss"] == runs[0]["final_loss"]
