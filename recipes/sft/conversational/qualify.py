@@ -26,6 +26,10 @@ class QualifyConfig:
 
 def run(config: QualifyConfig) -> int:
     profile = sft.load_profile(config.profile)
+    if profile.eval is None:
+        raise sft.ProfileError(
+            f"{config.profile}: qualification needs an eval block (held-out prompts to check)"
+        )
     summaries = [
         main(
             Config(
