@@ -1,0 +1,157 @@
+"""Score student rollouts with a frozen teacher and align the scores to the training mask.
+
+The teacher sees the exact prompt and sampled token ids (never decoded and re-encoded text)
+through the public ``forward`` operation on a ``log_probability`` sub-job. Its per-token
+log-probabilities come back prediction-aligned (column ``i`` scores token ``i + 1``); each
+row's completion scores are cut out with an explicit offset and checked against the training
+``loss_mask`` before anything trains on them. Missing, mis-sized, misaligned or non-finite
+results stop the step with :class:`TeacherScoreError` naming the row and position.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from cortex_training import wire
+
+
+class TeacherScoreError(RuntimeError):
+    """Teacher results that cannot be trained on; nothing from this step is applied."""
+
+
+class TokenizerMismatchError(ValueError):
+    """Teacher and student do not share token ids, so teacher scores would be meaningless."""
+
+
+@dataclass(frozen=True)
+class Rollout:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    sampler_logprobs: list[float]  # the student sampler's logprob of each completion token
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.completion_ids
+
+
+@dataclass(frozen=True)
+class TeacherScores:
+    """Per row: the column of the first completion prediction, and one score per completion token."""
+
+    offsets: list[int]
+    values: list[list[float]]
+
+
+def check_same_tokenizer(student, teacher) -> None:
+    """Reject a teacher/student pair whose vocabularies or chat templates differ."""
+    if student.get_vocab() != teacher.get_vocab():
+        raise TokenizerMismatchError(
+            "teacher and student tokenizers have different vocabularies "
+            f"({len(teacher.get_vocab())} vs {len(student.get_vocab())} entries); "
+            "on-policy distillation scores the student's exact token ids, so both must share one tokenizer"
+        )
+    if student.chat_template != teacher.chat_template:
+        raise TokenizerMismatchError(
+            "teacher and student chat templates differ; prompts would be rendered differently"
+        )
+
+
+def pad_rows(rows: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    out = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return out
+
+
+def completion_mask(rollouts: Sequence[Rollout], width: int) -> torch.Tensor:
+    """Prediction-aligned mask: 1 where column ``i`` predicts a sampled completion token."""
+    mask = torch.zeros(len(rollouts), width)
+    for r, rollout in enumerate(rollouts):
+        start = len(rollout.prompt_ids) - 1
+        mask[r, start : start + len(rollout.completion_ids)] = 1.0
+    return mask
+
+
+def teacher_frame(input_ids: torch.Tensor) -> bytes:
+    return wire.dumps(
+        {
+            "args": (),
+            "kwargs": {"input_ids": input_ids},
+            "processing": {"post": ["compute_logprobs"]},
+        }
+    )
+
+
+def extract_scores(result: dict, rollouts: Sequence[Rollout], width: int) -> TeacherScores:
+    """Cut each row's completion scores out of a teacher ``forward`` result."""
+    outputs = result.get("post_process_outputs") if isinstance(result, dict) else None
+    logprobs = outputs.get("logprobs") if isinstance(outputs, dict) else None
+    if logprobs is None:
+        raise TeacherScoreError(
+            "the teacher forward result has no post_process_outputs.logprobs. The hosted Cortex "
+            "service does not accept the SDK's byte-based forward() today (see "
+            "recipes/distillation/on_policy/README.md); use a backend that does, such as the local one"
+        )
+    if not torch.is_tensor(logprobs) or tuple(logprobs.shape) != (len(rollouts), width):
+        shape = list(logprobs.shape) if torch.is_tensor(logprobs) else type(logprobs).__name__
+        raise TeacherScoreError(
+            f"teacher logprobs have shape {shape}; expected [{len(rollouts)}, {width}] (rows, padded length)"
+        )
+    offsets, values = [], []
+    for r, rollout in enumerate(rollouts):
+        start = len(rollout.prompt_ids) - 1
+        offsets.append(start)
+        values.append(logprobs[r, start : start + len(rollout.completion_ids)].tolist())
+    return TeacherScores(offsets, values)
+
+
+def align_to_mask(scores: TeacherScores, loss_mask: torch.Tensor) -> torch.Tensor:
+    """``teacher_log_probs_shifted`` [B, T]: scores placed where ``loss_mask`` is set, 0 elsewhere.
+
+    Every row must have exactly one score per masked column, starting at the first masked
+    column, all finite.
+    """
+    rows, width = loss_mask.shape
+    if len(scores.values) != rows or len(scores.offsets) != rows:
+        raise TeacherScoreError(f"teacher returned {len(scores.values)} rows for a batch of {rows}")
+    out = torch.zeros(rows, width)
+    for r in range(rows):
+        columns = (loss_mask[r] > 0).nonzero().flatten().tolist()
+        values = scores.values[r]
+        if len(values) != len(columns):
+            raise TeacherScoreError(
+                f"row {r}: teacher returned {len(values)} scores for {len(columns)} scored positions"
+            )
+        if columns and scores.offsets[r] != columns[0]:
+            raise TeacherScoreError(
+                f"row {r}: teacher scores start at position {scores.offsets[r]} but the first "
+                f"scored position is {columns[0]} (misaligned by {scores.offsets[r] - columns[0]})"
+            )
+        if columns and columns != list(range(columns[0], columns[0] + len(columns))):
+            raise TeacherScoreError(f"row {r}: scored positions are not contiguous")
+        for k, (column, value) in enumerate(zip(columns, values, strict=True)):
+            if not isinstance(value, int | float) or not math.isfinite(value):
+                raise TeacherScoreError(
+                    f"row {r}, position {column} (completion token {k}): teacher score {value!r} is not finite"
+                )
+            out[r, column] = float(value)
+    return out
+
+
+def score(
+    client, job_id: str, teacher_sub_job_id: str, rollouts: Sequence[Rollout], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Teacher-score rollouts: returns ``input_ids``, ``loss_mask`` and aligned teacher scores."""
+    input_ids = pad_rows([r.ids for r in rollouts], pad_id)
+    mask = completion_mask(rollouts, input_ids.shape[1])
+    response = client.forward(job_id, teacher_frame(input_ids), sub_job_id=teacher_sub_job_id)
+    request_id = response.get("request_id") if isinstance(response, dict) else None
+    if not request_id:
+        raise TeacherScoreError(f"teacher forward returned no request_id: {str(response)[:200]}")
+    result = client.poll_request(job_id, request_id)
+    scores = extract_scores(result, rollouts, input_ids.shape[1])
+    return input_ids, mask, align_to_mask(scores, mask)
