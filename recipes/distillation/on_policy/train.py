@@ -1,0 +1,235 @@
+"""On-policy distillation: the student trains on its own rollouts, scored by a frozen teacher.
+
+    python -m recipes.distillation.on_policy.train profile=recipes/distillation/on_policy/configs/local-cpu-smollm2-teacher.json
+
+Per step: the student sampler generates completions; the frozen teacher (a ``log_probability``
+sub-job) scores the exact prompt + sampled token ids; the scores, aligned to the loss mask,
+go to the ``grpo`` processor as ``teacher_log_probs_shifted`` with ``teacher_tau`` and
+clipping; the student steps; its weights are synced to the student sampler only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import sys
+import time
+from pathlib import Path
+
+import chz
+import torch
+from cortex_training import wire
+
+from cortex_recipes.distill import teacher as teacher_lib
+from cortex_recipes.distill.profile import load_opd_profile
+from cortex_recipes.endpoint import connect
+from cortex_recipes.models import load_tokenizer
+from cortex_recipes.payloads import RESPONSE_OPTIONS
+from cortex_recipes.run_log import RunLog
+from cortex_recipes.sampling import chat_prompt_ids, generate
+
+log = logging.getLogger("recipes.distillation.on_policy")
+DEFAULT_PROFILE = "recipes/distillation/on_policy/configs/local-cpu-smollm2-teacher.json"
+
+
+@chz.chz
+class Config:
+    profile: str = DEFAULT_PROFILE
+    connection: str = "local"
+    log_path: str = ""  # default: runs/opd/<profile name>
+    steps: int = 0  # 0: the profile's steps
+
+
+def sub_job_ids(job: dict) -> dict[str, str]:
+    return {s["job_type"]: s["sub_job_id"] for s in job["sub_jobs"]}
+
+
+def teacher_fingerprint(client, job_id: str, teacher_id: str, probe: list[int]) -> str:
+    """Hash of the teacher's logprobs on a fixed probe: equal at start and end => teacher frozen."""
+    response = client.forward(
+        job_id, teacher_lib.teacher_frame(torch.tensor([probe])), sub_job_id=teacher_id
+    )
+    logprobs = client.poll_request(job_id, response["request_id"])["post_process_outputs"][
+        "logprobs"
+    ]
+    return hashlib.sha256(logprobs.float().numpy().tobytes()).hexdigest()[:16]
+
+
+def rollout(
+    client, job_id: str, prompts: list[list[int]], params: dict
+) -> list[teacher_lib.Rollout]:
+    results = generate(client, job_id, prompts, {**params, "logprobs": 0})
+    return [
+        teacher_lib.Rollout(
+            p, r["token_ids"], [float(next(iter(e.values()))["logprob"]) for e in r["logprobs"]]
+        )
+        for p, r in zip(prompts, results, strict=True)
+    ]
+
+
+def eval_reverse_kl(
+    client, job_id: str, teacher: str, prompts: list[list[int]], params: dict, pad_id: int
+) -> float:
+    """Teacher reverse KL on a fixed prompt set with a fixed sampling seed: comparable across steps."""
+    rollouts = rollout(client, job_id, prompts, {**params, "seed": 12345})
+    input_ids, mask, scores = teacher_lib.score(client, job_id, teacher, rollouts, pad_id)
+    behaviour = teacher_lib.sampler_logprobs_shifted(rollouts, input_ids.shape[1])
+    return teacher_lib.reverse_kl_on_samples(behaviour, scores, mask)
+
+
+def main(config: Config) -> dict:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    profile = load_opd_profile(config.profile)
+    steps = config.steps or profile.steps
+    run = RunLog(
+        Path(config.log_path or f"runs/opd/{profile.name}"),
+        config=chz.asdict(config),
+        profile=profile.raw,
+    )
+
+    student_tok = load_tokenizer(profile.student_model)
+    teacher_lib.check_same_tokenizer(student_tok, load_tokenizer(profile.teacher_model))
+    prompts = [
+        json.loads(line)["prompt"]
+        for line in profile.prompts_path.read_text().splitlines()
+        if line.strip()
+    ]
+    prompt_ids = [chat_prompt_ids(student_tok, p) for p in prompts]
+    pad_id = (
+        student_tok.pad_token_id
+        if student_tok.pad_token_id is not None
+        else student_tok.eos_token_id
+    )
+    rng = random.Random(profile.raw.get("seed", 0))
+    history = []
+    started = time.time()
+
+    with connect(config.connection) as client:
+        job_id = client.create_job(profile.sub_jobs())
+        ids = sub_job_ids(client.wait_for_job(job_id))
+        trainer, sampler, teacher = ids["training"], ids["sampling"], ids["log_probability"]
+        fingerprint = teacher_fingerprint(client, job_id, teacher, prompt_ids[0])
+        params = {"max_tokens": profile.max_tokens, "temperature": profile.temperature or 1.0}
+        eval_kls = [eval_reverse_kl(client, job_id, teacher, prompt_ids, params, pad_id)]
+        log.info("eval teacher reverse KL before training %.3f", eval_kls[0])
+
+        for step in range(1, steps + 1):
+            t0 = time.time()
+            batch = [
+                prompt_ids[rng.randrange(len(prompt_ids))] for _ in range(profile.rollouts_per_step)
+            ]
+            params = {
+                "max_tokens": profile.max_tokens,
+                "temperature": profile.temperature or 1.0,
+                "logprobs": 0,
+                "seed": profile.raw.get("seed", 0) * 100_003 + step,
+            }
+            results = generate(client, job_id, batch, params)
+            rollouts = [
+                teacher_lib.Rollout(
+                    p,
+                    r["token_ids"],
+                    [float(next(iter(e.values()))["logprob"]) for e in r["logprobs"]],
+                )
+                for p, r in zip(batch, results, strict=True)
+            ]
+            t_gen = time.time()
+            input_ids, mask, teacher_scores = teacher_lib.score(
+                client, job_id, teacher, rollouts, pad_id
+            )
+            behaviour = teacher_lib.sampler_logprobs_shifted(rollouts, input_ids.shape[1])
+            reverse_kl = teacher_lib.reverse_kl_on_samples(behaviour, teacher_scores, mask)
+            baseline = teacher_lib.teacher_baseline(
+                behaviour, teacher_scores, mask, profile.grpo_config()
+            )
+            frame = wire.dumps(
+                {
+                    "args": (),
+                    "kwargs": {"input_ids": input_ids},
+                    "context": {
+                        "input_ids": input_ids,
+                        "loss_mask": mask,
+                        "advantages": baseline,
+                        "old_log_probs_shifted": behaviour,
+                        "teacher_log_probs_shifted": teacher_scores,
+                    },
+                    "processing": {
+                        "loss_fn": "grpo",
+                        "post": ["compute_logprobs"],
+                        "config": profile.grpo_config(),
+                    },
+                },
+                metadata=RESPONSE_OPTIONS,
+            )
+            result = client.poll_request(job_id, client.forward_backward(job_id, frame))
+            client.poll_request(job_id, client.step(job_id))
+            client.poll_request(
+                job_id,
+                client.weight_sync(
+                    job_id, trainer, [sampler], weight_format=profile.raw.get("weight_format", "hf")
+                ),
+            )
+            m = result["metrics"]
+            record = {
+                "step": step,
+                "teacher_reverse_kl": reverse_kl,
+                "teacher_term_token_count": m.get("teacher_term_token_count", 0.0),
+                "teacher_clipped_fraction": m.get("teacher_clipped_fraction", 0.0),
+                "teacher_advantage_sum": m.get("teacher_advantage_sum", 0.0),
+                "sampled_tokens": int(mask.sum()),
+                "loss": result["avg_loss"],
+                "clip_ratio": m.get("clip_ratio"),
+                "approx_kl": m.get("approx_kl"),
+                "time/generate_s": round(t_gen - t0, 3),
+                "time/step_s": round(time.time() - t0, 3),
+            }
+            if step % 5 == 0 or step == steps:
+                eval_kls.append(
+                    eval_reverse_kl(client, job_id, teacher, prompt_ids, params, pad_id)
+                )
+                record["eval/teacher_reverse_kl"] = eval_kls[-1]
+            run.metrics(**record)
+            history.append(record)
+            log.info(
+                "step %d/%d teacher reverse KL %.3f teacher tokens %d",
+                step,
+                steps,
+                reverse_kl,
+                record["teacher_term_token_count"],
+            )
+
+        if teacher_fingerprint(client, job_id, teacher, prompt_ids[0]) != fingerprint:
+            raise RuntimeError(
+                "the teacher's scores changed during the run; the teacher must stay frozen"
+            )
+        saved = client.poll_request(job_id, client.save(job_id, checkpoint_type="weights-only"))
+        run.checkpoint(
+            step=steps, **{k: saved[k] for k in ("checkpoint_id", "stage_path", "checkpoint_type")}
+        )
+        client.cancel_job(job_id)
+
+    kls = [h["teacher_reverse_kl"] for h in history]
+    summary = {
+        "profile": profile.name,
+        "config_hash": profile.config_hash,
+        "steps": steps,
+        "teacher_reverse_kl": kls,
+        "eval_teacher_reverse_kl": eval_kls,
+        "teacher_tokens": [h["teacher_term_token_count"] for h in history],
+        "losses": [h["loss"] for h in history],
+        "teacher_fingerprint": fingerprint,
+        "checkpoint_id": saved["checkpoint_id"],
+        "wall_time_s": round(time.time() - started, 1),
+    }
+    run.summary(summary)
+    return summary
+
+
+if __name__ == "__main__":
+    out = main(chz.entrypoint(Config))
+    print(json.dumps({k: out[k] for k in ("profile", "eval_teacher_reverse_kl", "wall_time_s")}))
+    sys.exit(0)
