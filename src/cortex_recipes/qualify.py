@@ -11,6 +11,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,23 @@ def package_versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = "absent"
     return versions
+
+
+def git_revision() -> str | None:
+    """HEAD, with ``+dirty`` when tracked files differ from it."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return f"{head}+dirty" if dirty else head
 
 
 def hardware() -> dict[str, Any]:
@@ -72,6 +90,7 @@ def record_evidence(
         "passed": passed,
         "date": today,
         "config_hash": config_hash,
+        "git_revision": git_revision(),
         "checks": checks,
         "packages": package_versions(),
         "hardware": hardware(),

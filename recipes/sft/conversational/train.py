@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ import chz
 from cortex_recipes import payloads, sft
 from cortex_recipes.endpoint import connect
 from cortex_recipes.models import load_tokenizer
+from cortex_recipes.qualify import git_revision
 from cortex_recipes.run_log import RunLog
 from cortex_recipes.sampling import greedy_answers
 from cortex_recipes.supervision import collate, make_renderer, render_supervised
@@ -135,19 +135,10 @@ def main(config: Config) -> dict:
         final_loss=losses[-1],
         checkpoint_id=saved["checkpoint_id"],
         wall_time_s=round(time.time() - started, 1),
-        git_revision=_git_revision(),
+        git_revision=git_revision(),
     )
     run.summary(summary)
     return summary
-
-
-def _git_revision() -> str | None:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 if __name__ == "__main__":
