@@ -113,7 +113,10 @@ def main(config: Config) -> dict:
         ids = sub_job_ids(client.wait_for_job(job_id))
         trainer, sampler, teacher = ids["training"], ids["sampling"], ids["log_probability"]
         fingerprint = teacher_fingerprint(client, job_id, teacher, prompt_ids[0])
-        params = {"max_tokens": profile.max_tokens, "temperature": profile.temperature or 1.0}
+        params = {
+            "max_tokens": profile.max_tokens,
+            "temperature": profile.raw.get("temperature", 1.0),
+        }
         eval_kls = [eval_reverse_kl(client, job_id, teacher, prompt_ids, params, pad_id)]
         log.info("eval teacher reverse KL before training %.3f", eval_kls[0])
 
@@ -122,21 +125,8 @@ def main(config: Config) -> dict:
             batch = [
                 prompt_ids[rng.randrange(len(prompt_ids))] for _ in range(profile.rollouts_per_step)
             ]
-            params = {
-                "max_tokens": profile.max_tokens,
-                "temperature": profile.temperature or 1.0,
-                "logprobs": 0,
-                "seed": profile.raw.get("seed", 0) * 100_003 + step,
-            }
-            results = generate(client, job_id, batch, params)
-            rollouts = [
-                teacher_lib.Rollout(
-                    p,
-                    r["token_ids"],
-                    [float(next(iter(e.values()))["logprob"]) for e in r["logprobs"]],
-                )
-                for p, r in zip(batch, results, strict=True)
-            ]
+            step_seed = profile.raw.get("seed", 0) * 100_003 + step
+            rollouts = rollout(client, job_id, batch, {**params, "seed": step_seed})
             t_gen = time.time()
             input_ids, mask, teacher_scores = teacher_lib.score(
                 client, job_id, teacher, rollouts, pad_id
