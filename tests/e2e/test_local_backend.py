@@ -194,6 +194,24 @@ def test_sampler_logprobs_match_log_probability_forward(client, rl_job):
     assert torch.allclose(teacher, torch.tensor(sampled), atol=1e-4)
 
 
+def test_batched_generate_rows_match_rows_sampled_alone(client, rl_job):
+    """Prompts of different lengths in one request are left-padded into one batch; each
+    row's tokens follow its own seed and its logprobs match the row sampled on its own."""
+    prompts = [batch(20 + n, rows=1, length=n)[0].tolist() for n in (5, 12, 9)]
+    rows = [{"max_tokens": 6, "temperature": 1.0, "seed": 40 + i, "logprobs": 0} for i in range(3)]
+    together = run(client, rl_job, client.generate(rl_job, prompts, rows))["results"]
+    for prompt, params, out in zip(prompts, rows, together, strict=True):
+        alone = run(client, rl_job, client.generate(rl_job, [prompt], params))["results"][0]
+        assert out["token_ids"] == alone["token_ids"]
+        assert out["prompt_token_ids"] == prompt
+        lp = torch.tensor([float(next(iter(e.values()))["logprob"]) for e in out["logprobs"]])
+        lp_alone = torch.tensor(
+            [float(next(iter(e.values()))["logprob"]) for e in alone["logprobs"]]
+        )
+        assert torch.allclose(lp, lp_alone, atol=1e-4)
+    assert len({tuple(o["token_ids"]) for o in together}) == 3
+
+
 def _assert_sampler_matches_trainer(client, job_id):
     prompt = batch(7, rows=1, length=12)[0].tolist()
     out = run(

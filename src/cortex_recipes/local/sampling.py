@@ -102,6 +102,76 @@ def _filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     return logits
 
 
+class _Row:
+    """One completion being sampled: its tokens, logprobs and stop state."""
+
+    def __init__(
+        self, tokenizer, prompt_ids: list[int], params: SamplingParams, eos_ids, generator
+    ):
+        self.tokenizer = tokenizer
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        self.generator = generator
+        self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
+        self.out_ids: list[int] = []
+        self.out_logprobs: list[dict[str, dict[str, float]]] = []
+        self.finish_reason: str = "length"
+        self.stop_reason: int | str | None = None
+        self.text_cut: int | None = None
+        self.done = False
+
+    def advance(self, logits: torch.Tensor) -> int:
+        """Choose the next token from this row's logits; record it; update the stop state."""
+        params = self.params
+        raw_logprobs = torch.log_softmax(logits, dim=-1)
+        if params.temperature == 0.0:
+            token = int(torch.argmax(logits))
+        else:
+            probs = torch.softmax(_filter_logits(logits, params), dim=-1)
+            token = int(torch.multinomial(probs, 1, generator=self.generator))
+        self.out_ids.append(token)
+        if params.logprobs is not None:
+            entry = {str(token): {"logprob": float(raw_logprobs[token])}}
+            if params.logprobs > 0:
+                top = torch.topk(raw_logprobs, params.logprobs)
+                for rank, (lp, tid) in enumerate(
+                    zip(top.values.tolist(), top.indices.tolist(), strict=True)
+                ):
+                    entry.setdefault(str(tid), {"logprob": float(lp)})["rank"] = rank + 1
+            self.out_logprobs.append(entry)
+        if token in self.stop_ids:
+            self.finish_reason, self.stop_reason, self.done = "stop", token, True
+        elif params.stop:
+            text = self.tokenizer.decode(
+                self.out_ids, skip_special_tokens=params.skip_special_tokens
+            )
+            hits = [(text.find(s), s) for s in params.stop if s in text]
+            if hits:
+                pos, s = min(hits)
+                self.text_cut = pos + (len(s) if params.include_stop_str_in_output else 0)
+                self.finish_reason, self.stop_reason, self.done = "stop", s, True
+        if len(self.out_ids) >= params.max_tokens:
+            self.done = True
+        return token
+
+    def result(self) -> dict[str, Any]:
+        text = self.tokenizer.decode(
+            self.out_ids, skip_special_tokens=self.params.skip_special_tokens
+        )
+        if self.text_cut is not None:
+            text = text[: self.text_cut]
+        result: dict[str, Any] = {
+            "text": text,
+            "token_ids": self.out_ids,
+            "prompt_token_ids": self.prompt_ids,
+            "finish_reason": self.finish_reason,
+            "stop_reason": self.stop_reason,
+        }
+        if self.params.logprobs is not None:
+            result["logprobs"] = self.out_logprobs
+        return result
+
+
 @torch.no_grad()
 def generate_one(
     model,
@@ -113,55 +183,56 @@ def generate_one(
 ) -> dict[str, Any]:
     """Sample one completion for ``prompt_ids``."""
     device = next(model.parameters()).device
-    stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else eos_ids)
-    out_ids: list[int] = []
-    out_logprobs: list[dict[str, dict[str, float]]] = []
-    finish_reason, stop_reason = "length", None
-    text_cut: int | None = None
+    row = _Row(tokenizer, prompt_ids, params, eos_ids, generator)
     inputs = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     past = None
-    for _ in range(params.max_tokens):
+    while not row.done:
         outputs = model(input_ids=inputs, past_key_values=past, use_cache=True)
         past = outputs.past_key_values
-        logits = outputs.logits[0, -1].float()
-        raw_logprobs = torch.log_softmax(logits, dim=-1)
-        if params.temperature == 0.0:
-            token = int(torch.argmax(logits))
-        else:
-            probs = torch.softmax(_filter_logits(logits, params), dim=-1)
-            token = int(torch.multinomial(probs, 1, generator=generator))
-        out_ids.append(token)
-        if params.logprobs is not None:
-            entry = {str(token): {"logprob": float(raw_logprobs[token])}}
-            if params.logprobs > 0:
-                top = torch.topk(raw_logprobs, params.logprobs)
-                for rank, (lp, tid) in enumerate(
-                    zip(top.values.tolist(), top.indices.tolist(), strict=True)
-                ):
-                    entry.setdefault(str(tid), {"logprob": float(lp)})["rank"] = rank + 1
-            out_logprobs.append(entry)
-        if token in stop_ids:
-            finish_reason, stop_reason = "stop", token
-            break
-        if params.stop:
-            text = tokenizer.decode(out_ids, skip_special_tokens=params.skip_special_tokens)
-            hits = [(text.find(s), s) for s in params.stop if s in text]
-            if hits:
-                pos, s = min(hits)
-                text_cut = pos + (len(s) if params.include_stop_str_in_output else 0)
-                finish_reason, stop_reason = "stop", s
-                break
+        token = row.advance(outputs.logits[0, -1].float())
         inputs = torch.tensor([[token]], dtype=torch.long, device=device)
-    text = tokenizer.decode(out_ids, skip_special_tokens=params.skip_special_tokens)
-    if text_cut is not None:
-        text = text[:text_cut]
-    result: dict[str, Any] = {
-        "text": text,
-        "token_ids": out_ids,
-        "prompt_token_ids": list(prompt_ids),
-        "finish_reason": finish_reason,
-        "stop_reason": stop_reason,
-    }
-    if params.logprobs is not None:
-        result["logprobs"] = out_logprobs
-    return result
+    return row.result()
+
+
+@torch.no_grad()
+def generate_batch(
+    model,
+    tokenizer,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    eos_ids: set[int],
+    generators: list[torch.Generator],
+    pad_id: int,
+) -> list[dict[str, Any]]:
+    """Sample one completion per prompt in one batched, left-padded KV-cache loop.
+
+    Every row has its own generator, so a row's sample depends on its seed, not on its
+    neighbours. Finished rows are fed padding (masked out) until the last row finishes.
+    """
+    device = next(model.parameters()).device
+    rows = [
+        _Row(tokenizer, p, params, eos_ids, g) for p, g in zip(prompts, generators, strict=True)
+    ]
+    width = max(len(p) for p in prompts)
+    inputs = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
+    attention = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
+    for i, prompt in enumerate(prompts):
+        inputs[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        attention[i, width - len(prompt) :] = 1
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    past = None
+    while not all(row.done for row in rows):
+        outputs = model(
+            input_ids=inputs,
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=past,
+            use_cache=True,
+        )
+        past = outputs.past_key_values
+        logits = outputs.logits[:, -1].float()
+        step = [row.advance(logits[i]) if not row.done else pad_id for i, row in enumerate(rows)]
+        inputs = torch.tensor([[t] for t in step], dtype=torch.long, device=device)
+        attention = torch.cat([attention, torch.ones_like(inputs)], dim=1)
+        positions = positions[:, -1:] + 1
+    return [row.result() for row in rows]

@@ -27,7 +27,12 @@ from cortex_training import wire
 from cortex_recipes.local import checkpoints, processors
 from cortex_recipes.local.errors import BackendError
 from cortex_recipes.local.protocol import ConnectionClosed, recv_message, send_message
-from cortex_recipes.local.sampling import generate_one, parse_sampling_params
+from cortex_recipes.local.sampling import (
+    SamplingParams,
+    generate_batch,
+    generate_one,
+    parse_sampling_params,
+)
 
 log = logging.getLogger("cortex_recipes.local.worker")
 
@@ -67,6 +72,11 @@ class Worker:
             )
         self.model = model
         self.eos_ids = self._eos_ids()
+        self.pad_id = (
+            self.tokenizer.pad_token_id
+            if self.tokenizer.pad_token_id is not None
+            else min(self.eos_ids, default=0)
+        )
         self.global_steps = 0
         self.optimizer = None
         self.pending_backward = 0
@@ -286,9 +296,10 @@ class Worker:
         return {"job_id": self.job_id, "post_process_outputs": {"logprobs": logprobs.float()}}
 
     def generate(self, frame: dict[str, Any]) -> dict[str, Any]:
+        """Rows that share sampling parameters (all but the seed) are sampled as one batch."""
         prompts = frame["prompts"]
         raw_params = frame.get("sampling_params")
-        results = []
+        rows: list[tuple[list[int], SamplingParams, torch.Generator]] = []
         for i, prompt in enumerate(prompts):
             raw = raw_params[i] if isinstance(raw_params, list) else raw_params
             params = parse_sampling_params(
@@ -310,11 +321,29 @@ class Worker:
                 if params.seed is not None
                 else self.generator
             )
-            results.append(
-                generate_one(
-                    self.model, self.tokenizer, prompt_ids, params, self.eos_ids, generator
+            rows.append((prompt_ids, params, generator))
+        batches: dict[SamplingParams, list[int]] = {}
+        for i, (_, params, _) in enumerate(rows):
+            batches.setdefault(replace(params, seed=None), []).append(i)
+        results: list[dict[str, Any] | None] = [None] * len(rows)
+        for params, members in batches.items():
+            if len(members) == 1:
+                prompt_ids, own, generator = rows[members[0]]
+                results[members[0]] = generate_one(
+                    self.model, self.tokenizer, prompt_ids, own, self.eos_ids, generator
                 )
+                continue
+            outs = generate_batch(
+                self.model,
+                self.tokenizer,
+                [rows[i][0] for i in members],
+                params,
+                self.eos_ids,
+                [rows[i][2] for i in members],
+                self.pad_id,
             )
+            for i, out in zip(members, outs, strict=True):
+                results[i] = out
         return {"job_id": self.job_id, "results": results}
 
 
