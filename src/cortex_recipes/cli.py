@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import subprocess
 import sys
+from pathlib import Path
 
+from cortex_recipes.journeys import JourneyError
 from cortex_recipes.models import FIXTURE_MODELS, ModelNotAvailableError, resolve_model_path
+
+log = logging.getLogger("cortex_recipes.cli")
 
 
 def _cmd_models_path(args: argparse.Namespace) -> int:
@@ -18,6 +23,77 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from cortex_recipes.local.server import run_from_args
 
     return run_from_args(args)
+
+
+def _root(args: argparse.Namespace) -> Path:
+    from cortex_recipes.journeys import find_root
+
+    return Path(args.root).resolve() if args.root else find_root()
+
+
+def _print_problems(problems: list[str], what: str) -> int:
+    for problem in problems:
+        print(problem)
+    if problems:
+        log.error("%s: %d problem(s)", what, len(problems))
+        return 1
+    log.info("%s: no problems", what)
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from cortex_recipes.validate import validate_repository
+
+    return _print_problems(validate_repository(_root(args)), "validate")
+
+
+def _cmd_catalog_validate(args: argparse.Namespace) -> int:
+    from cortex_recipes.catalog import validate_catalog
+
+    return _print_problems(validate_catalog(_root(args)), "catalog validate")
+
+
+def _cmd_catalog_sync(args: argparse.Namespace) -> int:
+    from cortex_recipes.catalog import sync
+
+    for path in sync(_root(args)):
+        print(f"updated {path}")
+    return 0
+
+
+def qualification_command(root: Path, journey_name: str, profile_name: str, extra: list[str]):
+    """The ``python -m <qualify module> profile=<config> ...`` command for a journey profile."""
+    from cortex_recipes import journeys
+
+    journey = journeys.get_journey(root, journey_name)
+    if not journey.qualify:
+        raise JourneyError(f"journeys.toml: journey {journey.name!r} has qualify='' (none yet)")
+    recipe_yaml = journey.path(root) / "recipe.yaml"
+    recipe = journeys.load_recipe(recipe_yaml)
+    profile = journeys.get_profile(recipe, profile_name, f"{journey.folder}/recipe.yaml")
+    config = Path(journey.folder, profile["config"]).as_posix()
+    return [sys.executable, "-m", journey.qualify, f"profile={config}", *extra]
+
+
+def _cmd_qualify(args: argparse.Namespace) -> int:
+    root = _root(args)
+    command = qualification_command(root, args.journey, args.profile, args.overrides)
+    log.info("running %s in %s", " ".join(command), root)
+    returncode = subprocess.run(command, cwd=root, check=False).returncode
+    if returncode != 0:
+        log.error("qualification of %s %s failed (exit %d)", args.journey, args.profile, returncode)
+        return returncode
+    if (root / "model-catalog").is_dir():
+        from cortex_recipes.catalog import sync
+
+        changed = sync(root)
+    else:
+        from cortex_recipes.journeys import INDEX_FILE, write_index
+
+        changed = [INDEX_FILE] if (root / INDEX_FILE).is_file() and write_index(root) else []
+    for path in changed:
+        print(f"updated {path}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +116,48 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the local Cortex Training-compatible backend")
     add_serve_arguments(serve)
     serve.set_defaults(func=_cmd_serve)
+
+    root_help = "repository root (default: the nearest directory holding journeys.toml)"
+    check = commands.add_parser(
+        "validate",
+        help="check every landed journey against the recipe contract (offline, no models)",
+        description="Prints one 'path: problem' line per problem; exits 1 if there is any.",
+    )
+    check.add_argument("--root", help=root_help)
+    check.set_defaults(func=_cmd_validate)
+
+    qualify = commands.add_parser(
+        "qualify",
+        help="run a journey's qualification for one profile and record the evidence",
+        description=(
+            "Runs `python -m <qualify module> profile=<config> [overrides]` from journeys.toml; "
+            "on success the module has written evidence/<profile>.json and set last_validated, "
+            "and the model catalog and recipes/README.md are regenerated."
+        ),
+    )
+    qualify.add_argument("journey", help="a journey name from journeys.toml (e.g. sft)")
+    qualify.add_argument("profile", help="a profile name from the journey's recipe.yaml")
+    qualify.add_argument(
+        "overrides", nargs="*", help="key=value overrides passed on (e.g. connection=...)"
+    )
+    qualify.add_argument("--root", help=root_help)
+    qualify.set_defaults(func=_cmd_qualify)
+
+    catalog = commands.add_parser("catalog", help="the model catalog (model-catalog/)")
+    catalog_commands = catalog.add_subparsers(dest="catalog_command", required=True)
+    catalog_check = catalog_commands.add_parser(
+        "validate",
+        help="check schema, paths, SDK sub-jobs and evidence of every catalog entry",
+        description="Prints one 'path: problem' line per problem; exits 1 if there is any.",
+    )
+    catalog_check.add_argument("--root", help=root_help)
+    catalog_check.set_defaults(func=_cmd_catalog_validate)
+    catalog_sync = catalog_commands.add_parser(
+        "sync",
+        help="regenerate catalog profiles, recipes/README.md and the compatibility table",
+    )
+    catalog_sync.add_argument("--root", help=root_help)
+    catalog_sync.set_defaults(func=_cmd_catalog_sync)
     return parser
 
 
@@ -48,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except ModelNotAvailableError as exc:
+    except (ModelNotAvailableError, JourneyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -51,16 +51,26 @@ def read_connection_file(path: Path) -> dict[str, Any]:
 
 
 @contextmanager
-def connect(connection: str = LOCAL, *, state_dir: Path | None = None) -> Iterator[Any]:
-    """Yield a ``CortexTrainingClient`` for ``connection`` and clean up afterwards."""
+def connect(
+    connection: str = LOCAL,
+    *,
+    state_dir: Path | None = None,
+    client_options: dict[str, Any] | None = None,
+) -> Iterator[Any]:
+    """Yield a ``CortexTrainingClient`` for ``connection`` and clean up afterwards.
+
+    ``client_options`` go to the client (``max_retries``, ``poll_timeout``, ...).
+    """
     from cortex_training import CortexTrainingClient
+
+    options = dict(client_options or {})
 
     if connection == LOCAL:
         from cortex_recipes.local import LocalBackend
 
         with LocalBackend(state_dir) as backend:
             log.info("local backend at %s (state in %s)", backend.base_url, backend.state_dir)
-            client = backend.client()
+            client = backend.client(**options)
             try:
                 yield client
             finally:
@@ -76,13 +86,23 @@ def connect(connection: str = LOCAL, *, state_dir: Path | None = None) -> Iterat
             schema=data["schema"],
             verify_ssl=bool(data.get("verify_ssl", True)),
             **extra,
+            **options,
         )
     else:
         client = CortexTrainingClient(
-            base_url=data["base_url"], database=data["database"], schema=data["schema"], **extra
+            base_url=data["base_url"],
+            database=data["database"],
+            schema=data["schema"],
+            **extra,
+            **options,
         )
     log.info("connected to a Cortex Training endpoint from %s", connection)
     try:
         yield client
     finally:
         client.close()
+
+
+def sub_job_ids(job: dict) -> dict[str, str]:
+    """``{job_type: sub_job_id}`` of a job as returned by ``wait_for_job``."""
+    return {s["job_type"]: s["sub_job_id"] for s in job["sub_jobs"]}

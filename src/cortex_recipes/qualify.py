@@ -1,22 +1,33 @@
 """Qualification evidence: run a profile twice, check the outcome, record it, set last_validated.
 
 A record is written only for a passing qualification; ``last_validated`` in ``recipe.yaml`` is
-set from the record's date and points at it.
+set from the record's date and points at it. A record holds: ``profile``, ``passed``,
+``date``, ``config_hash`` (:func:`config_hash` of the profile JSON), ``git_revision``,
+``checks`` (named booleans), ``metrics`` (measured values against the ranges in
+``recipe.yaml`` ``expected_metrics``), ``packages``, ``hardware``, ``image_digest``
+(``$CORTEX_RECIPES_IMAGE_DIGEST`` when run in an image, else null) and ``runs``.
+``cortex-recipes validate`` rejects a ``last_validated`` that such a record does not back.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+log = logging.getLogger(__name__)
+
+IMAGE_DIGEST_ENV = "CORTEX_RECIPES_IMAGE_DIGEST"
 PACKAGES = (
     "cortex-training",
     "torch",
@@ -26,6 +37,11 @@ PACKAGES = (
     "renderers",
     "cortex-recipes",
 )
+
+
+def config_hash(raw: Any) -> str:
+    """The hash a record pins a profile with: sha256 of its canonical JSON, 16 hex digits."""
+    return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def package_versions() -> dict[str, str]:
@@ -60,8 +76,51 @@ def hardware() -> dict[str, Any]:
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
-        "accelerator": "none (CPU)",
+        "accelerator": _accelerator(),
     }
+
+
+def _accelerator() -> str:
+    """CUDA devices when the run already imported torch and has them, else CPU."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available():
+            names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            return f"{len(names)} x {names[0]}"
+    except Exception as exc:  # a broken CUDA setup must not lose a record
+        log.warning("cannot query CUDA devices: %s", exc)
+    return "none (CPU)"
+
+
+def compare_metrics(
+    measured: dict[str, float], expected: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """Each measured metric against its ``expected_metrics`` entry in recipe.yaml.
+
+    An entry may be a description string (nothing to compare) or a mapping with
+    ``description`` and ``min`` and/or ``max`` (inclusive). A measured metric without a range
+    is recorded with ``within`` null. A metric with a range that the run did not measure is
+    recorded with ``value`` null and ``within`` false, so a qualification cannot pass by not
+    reporting it.
+    """
+    ranges = {
+        name: spec
+        for name, spec in expected.items()
+        if isinstance(spec, dict) and ("min" in spec or "max" in spec)
+    }
+    result: dict[str, dict[str, Any]] = {}
+    for name in sorted(set(measured) | set(ranges)):
+        bounds = ranges.get(name, {})
+        low, high = bounds.get("min"), bounds.get("max")
+        value = measured.get(name)
+        if low is None and high is None:
+            within = None
+        elif value is None:
+            within = False
+        else:
+            within = (low is None or value >= low) and (high is None or value <= high)
+        result[name] = {"value": value, "min": low, "max": high, "within": within}
+    return result
 
 
 def sft_checks(runs: list[dict[str, Any]]) -> dict[str, bool]:
@@ -80,10 +139,23 @@ def sft_checks(runs: list[dict[str, Any]]) -> dict[str, bool]:
 
 
 def record_evidence(
-    recipe_dir: Path, profile_name: str, config_hash: str, runs: list[dict], checks: dict[str, bool]
+    recipe_dir: Path,
+    profile_name: str,
+    config_hash: str,
+    runs: list[dict],
+    checks: dict[str, bool],
+    *,
+    metrics: dict[str, float] | None = None,
 ) -> Path | None:
-    """Write the evidence record and update recipe.yaml; return the record path if it passed."""
-    passed = all(checks.values())
+    """Write the evidence record and update recipe.yaml; return the record path if it passed.
+
+    It passes when every check is true and every measured metric with a range in recipe.yaml's
+    ``expected_metrics`` lies inside it. A failing record goes to ``<profile>.failed.json``
+    and leaves recipe.yaml alone.
+    """
+    recipe = yaml.safe_load((recipe_dir / "recipe.yaml").read_text()) or {}
+    compared = compare_metrics(metrics or {}, recipe.get("expected_metrics") or {})
+    passed = all(checks.values()) and all(m["within"] is not False for m in compared.values())
     today = dt.date.today().isoformat()
     record = {
         "profile": profile_name,
@@ -92,9 +164,10 @@ def record_evidence(
         "config_hash": config_hash,
         "git_revision": git_revision(),
         "checks": checks,
+        "metrics": compared,
         "packages": package_versions(),
         "hardware": hardware(),
-        "image_digest": os.environ.get("CORTEX_RECIPES_IMAGE_DIGEST"),
+        "image_digest": os.environ.get(IMAGE_DIGEST_ENV) or None,
         "runs": runs,
     }
     evidence_dir = recipe_dir / "evidence"
@@ -112,14 +185,47 @@ def record_evidence(
 
 
 def set_last_validated(recipe_yaml: Path, profile_name: str, date: str, evidence: str) -> None:
+    """Point the profile at its new record; the top level follows the newest profile record."""
     data = yaml.safe_load(recipe_yaml.read_text())
     profiles = {p["name"]: p for p in data["profiles"]}
     if profile_name not in profiles:
         raise KeyError(f"{recipe_yaml} has no profile named {profile_name!r}")
     profiles[profile_name].update(last_validated=date, evidence=evidence)
-    dates = [p["last_validated"] for p in data["profiles"] if p.get("last_validated")]
-    data["last_validated"] = max(dates) if dates else None
+    data["last_validated"], data["evidence"] = latest_validation(data["profiles"], profile_name)
     recipe_yaml.write_text(yaml.safe_dump(data, sort_keys=False, width=100))
+
+
+def latest_validation(
+    profiles: list[dict[str, Any]], prefer: str | None = None
+) -> tuple[str | None, str | None]:
+    """(date, evidence) for a recipe's top level: its newest profile record, ``prefer`` on ties."""
+    dated = [p for p in profiles if p.get("last_validated")]
+    if not dated:
+        return None, None
+    newest = max(str(p["last_validated"]) for p in dated)
+    tied = [p for p in dated if str(p["last_validated"]) == newest]
+    chosen = next((p for p in tied if p["name"] == prefer), tied[0])
+    return newest, chosen.get("evidence")
+
+
+def sft_metrics(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """The SFT metrics recipe.yaml states ranges for, from the first run."""
+    first = runs[0]
+    return {
+        "final_loss": first["losses"][-1],
+        "held_out_identity_hits_before": first["eval_before"]["held_out_hits"],
+        "held_out_identity_hits_after": first["eval_after"]["held_out_hits"],
+    }
+
+
+def opd_metrics(distill: dict[str, Any], no_teacher: dict[str, Any]) -> dict[str, float]:
+    """The OPD metrics recipe.yaml states ranges for."""
+    kl = distill["eval_teacher_reverse_kl"]
+    flat = no_teacher["eval_teacher_reverse_kl"]
+    return {
+        "eval_teacher_reverse_kl_drop": kl[0] - kl[-1],
+        "tau0_eval_teacher_reverse_kl_change": max(flat) - min(flat),
+    }
 
 
 def opd_checks(distill: dict[str, Any], no_teacher: dict[str, Any]) -> dict[str, bool]:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cortex_recipes.qualify import config_hash
 from cortex_recipes.supervision import RENDERERS, TrainOnWhat
 
 # DeepSpeed-owned batch fields that can disagree with training_config.train_batch_size.
@@ -58,7 +58,11 @@ class SFTProfile:
 
     @property
     def config_hash(self) -> str:
-        return hashlib.sha256(json.dumps(self.raw, sort_keys=True).encode()).hexdigest()[:16]
+        return config_hash(self.raw)
+
+    def sub_jobs(self) -> list:
+        """The sub-jobs this journey creates: the trainer, and the sampler that evaluates."""
+        return [self.training_sub_job(), self.sampling_sub_job()]
 
     def training_sub_job(self, source_checkpoint_info: dict | None = None):
         from cortex_training import SubJobConfig

@@ -44,7 +44,12 @@ def run(config: QualifyConfig) -> int:
     )
     checks = qualify.opd_checks(distill, no_teacher)
     path = qualify.record_evidence(
-        RECIPE_DIR, profile.name, profile.config_hash, [distill, no_teacher], checks
+        RECIPE_DIR,
+        profile.name,
+        profile.config_hash,
+        [distill, no_teacher],
+        checks,
+        metrics=qualify.opd_metrics(distill, no_teacher),
     )
     print(json.dumps({"profile": profile.name, "passed": path is not None, "checks": checks}))
     return 0 if path is not None else 1

@@ -24,9 +24,10 @@ from cortex_training import wire
 
 from cortex_recipes.distill import teacher as teacher_lib
 from cortex_recipes.distill.profile import load_opd_profile
-from cortex_recipes.endpoint import connect
+from cortex_recipes.endpoint import connect, sub_job_ids
 from cortex_recipes.models import load_tokenizer
 from cortex_recipes.payloads import RESPONSE_OPTIONS
+from cortex_recipes.rollouts import rollouts_from_results
 from cortex_recipes.run_log import RunLog
 from cortex_recipes.sampling import chat_prompt_ids, generate
 
@@ -40,10 +41,6 @@ class Config:
     connection: str = "local"
     log_path: str = ""  # default: runs/opd/<profile name>
     steps: int = 0  # 0: the profile's steps
-
-
-def sub_job_ids(job: dict) -> dict[str, str]:
-    return {s["job_type"]: s["sub_job_id"] for s in job["sub_jobs"]}
 
 
 def teacher_fingerprint(client, job_id: str, teacher_id: str, probe: list[int]) -> str:
@@ -60,13 +57,9 @@ def teacher_fingerprint(client, job_id: str, teacher_id: str, probe: list[int]) 
 def rollout(
     client, job_id: str, prompts: list[list[int]], params: dict
 ) -> list[teacher_lib.Rollout]:
-    results = generate(client, job_id, prompts, {**params, "logprobs": 0})
-    return [
-        teacher_lib.Rollout(
-            p, r["token_ids"], [float(next(iter(e.values()))["logprob"]) for e in r["logprobs"]]
-        )
-        for p, r in zip(prompts, results, strict=True)
-    ]
+    return rollouts_from_results(
+        prompts, generate(client, job_id, prompts, {**params, "logprobs": 0})
+    )
 
 
 def eval_reverse_kl(

@@ -41,7 +41,14 @@ def run(config: QualifyConfig) -> int:
         for i in range(config.runs)
     ]
     checks = qualify.sft_checks(summaries)
-    path = qualify.record_evidence(RECIPE_DIR, profile.name, profile.config_hash, summaries, checks)
+    path = qualify.record_evidence(
+        RECIPE_DIR,
+        profile.name,
+        profile.config_hash,
+        summaries,
+        checks,
+        metrics=qualify.sft_metrics(summaries),
+    )
     print(
         json.dumps(
             {

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cortex_recipes.qualify import config_hash
 from cortex_recipes.sft import ProfileError
 
 _KEYS = {
@@ -30,7 +30,7 @@ class OPDProfile:
 
     @property
     def config_hash(self) -> str:
-        return hashlib.sha256(json.dumps(self.raw, sort_keys=True).encode()).hexdigest()[:16]
+        return config_hash(self.raw)
 
     @property
     def prompts_path(self) -> Path:

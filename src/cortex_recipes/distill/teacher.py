@@ -17,6 +17,13 @@ from dataclasses import dataclass
 import torch
 from cortex_training import wire
 
+from cortex_recipes.rollouts import (  # noqa: F401  (part of this module's interface)
+    Rollout,
+    completion_mask,
+    pad_rows,
+    sampler_logprobs_shifted,
+)
+
 
 class TeacherScoreError(RuntimeError):
     """Teacher results that cannot be trained on; nothing from this step is applied."""
@@ -24,17 +31,6 @@ class TeacherScoreError(RuntimeError):
 
 class TokenizerMismatchError(ValueError):
     """Teacher and student do not share token ids, so teacher scores would be meaningless."""
-
-
-@dataclass(frozen=True)
-class Rollout:
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    sampler_logprobs: list[float]  # the student sampler's logprob of each completion token
-
-    @property
-    def ids(self) -> list[int]:
-        return self.prompt_ids + self.completion_ids
 
 
 @dataclass(frozen=True)
@@ -57,23 +53,6 @@ def check_same_tokenizer(student, teacher) -> None:
         raise TokenizerMismatchError(
             "teacher and student chat templates differ; prompts would be rendered differently"
         )
-
-
-def pad_rows(rows: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
-    width = max(len(r) for r in rows)
-    out = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return out
-
-
-def completion_mask(rollouts: Sequence[Rollout], width: int) -> torch.Tensor:
-    """Prediction-aligned mask: 1 where column ``i`` predicts a sampled completion token."""
-    mask = torch.zeros(len(rollouts), width)
-    for r, rollout in enumerate(rollouts):
-        start = len(rollout.prompt_ids) - 1
-        mask[r, start : start + len(rollout.completion_ids)] = 1.0
-    return mask
 
 
 def teacher_frame(input_ids: torch.Tensor) -> bytes:
@@ -155,15 +134,6 @@ def score(
     result = client.poll_request(job_id, request_id)
     scores = extract_scores(result, rollouts, input_ids.shape[1])
     return input_ids, mask, align_to_mask(scores, mask)
-
-
-def sampler_logprobs_shifted(rollouts: Sequence[Rollout], width: int) -> torch.Tensor:
-    """The student sampler's logprobs placed like the mask (the behaviour policy for PPO ratios)."""
-    out = torch.zeros(len(rollouts), width)
-    for r, rollout in enumerate(rollouts):
-        start = len(rollout.prompt_ids) - 1
-        out[r, start : start + len(rollout.completion_ids)] = torch.tensor(rollout.sampler_logprobs)
-    return out
 
 
 def reverse_kl_on_samples(

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -116,6 +117,8 @@ class LocalBackend:
             str(self.state_dir),
             "--ready-file",
             str(ready),
+            "--exit-with-parent",
+            str(os.getpid()),
         ]
         if self.threads:
             cmd += ["--threads", str(self.threads)]
@@ -208,6 +211,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="checkpoints and worker logs (default: a new temp dir)",
     )
     parser.add_argument("--ready-file", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--exit-with-parent", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument(
         "--max-body-bytes",
         type=int,
@@ -228,9 +232,23 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _exit_with_parent(parent_pid: int) -> None:
+    """Stop (workers included) once the process that started us is gone, even after SIGKILL."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        log.warning("parent process %d is gone; shutting down", parent_pid)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     state_dir = args.state_dir or Path(tempfile.mkdtemp(prefix="cortex-local-"))
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    if args.exit_with_parent:
+        _exit_with_parent(args.exit_with_parent)
     with contextlib.suppress(KeyboardInterrupt):
         serve(
             args.host,

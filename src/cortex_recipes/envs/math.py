@@ -1,0 +1,75 @@
+"""Math problems from ``reasoning-gym`` (seeded procedural datasets, scored by their own scorer).
+
+Pinned by ``reasoning-gym==0.1.25`` in ``uv.lock``: a dataset name, its generator config and a
+seed determine every problem, so nothing is downloaded and two runs see the same problems.
+
+The answer is the first integer in the completion (the model answers in a few tokens, with no
+room for tags); it is scored by the dataset's ``score_answer`` (1.0 for the exact answer,
+partial credit when the oracle answer is a substring, else 0.0).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+_INTEGER = re.compile(r"-?\d+")
+
+
+class MathEnvError(ValueError):
+    """A math environment setting reasoning-gym rejects; the message names it."""
+
+
+@dataclass(frozen=True)
+class MathTask:
+    index: int
+    question: str
+    answer: str
+    entry: dict[str, Any] = field(repr=False, compare=False)
+
+
+def extract_answer(completion: str) -> str | None:
+    match = _INTEGER.search(completion)
+    return match.group(0) if match else None
+
+
+class MathEnv:
+    """A seeded reasoning-gym dataset with a prompt suffix and its scorer."""
+
+    def __init__(
+        self,
+        dataset: str,
+        *,
+        seed: int,
+        size: int,
+        config: dict[str, Any] | None = None,
+        instruction: str = "Answer with just the number.",
+    ):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)  # a dependency's import-time noise
+            import reasoning_gym
+
+        self.name = dataset
+        self.instruction = instruction
+        try:
+            self.dataset = reasoning_gym.create_dataset(
+                dataset, seed=seed, size=size, **(config or {})
+            )
+        except (AssertionError, TypeError, ValueError, KeyError) as exc:
+            raise MathEnvError(
+                f"reasoning-gym dataset {dataset!r} with seed={seed}, size={size}, "
+                f"config={config!r} was rejected: {exc}"
+            ) from exc
+        self.size = size
+
+    def task(self, index: int) -> MathTask:
+        entry = self.dataset[index % self.size]
+        return MathTask(index % self.size, str(entry["question"]), str(entry["answer"]), entry)
+
+    def prompt(self, task: MathTask) -> str:
+        return f"{task.question} {self.instruction}".strip()
+
+    def score(self, task: MathTask, completion: str) -> float:
+        return float(self.dataset.score_answer(extract_answer(completion), task.entry))

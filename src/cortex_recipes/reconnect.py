@@ -1,0 +1,30 @@
+"""Which failures a long run survives by reconnecting and resuming from its last checkpoint.
+
+Recoverable: the backend went away or is restarting (connection refused or reset, timeouts,
+and the statuses the SDK itself treats as transient once its own retries are spent: 404 for a
+job a restarted backend no longer knows, 409, 429, 5xx). Everything else -- a 400 naming a
+bad field, a failed request, a check of ours -- is a real error and stops the run.
+"""
+
+from __future__ import annotations
+
+import requests
+
+RECOVERABLE_STATUSES = frozenset({404, 409, 429, 500, 502, 503, 504})
+
+
+def is_recoverable(exc: BaseException) -> bool:
+    seen = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(
+            current,
+            requests.exceptions.ConnectionError | requests.exceptions.Timeout | TimeoutError,
+        ):
+            return True
+        if isinstance(current, requests.exceptions.HTTPError):
+            response = current.response
+            return response is not None and response.status_code in RECOVERABLE_STATUSES
+        current = current.__cause__ or current.__context__
+    return False

@@ -1,0 +1,131 @@
+"""GRPO pieces shared by the synchronous and asynchronous journeys: groups, advantages, frames.
+
+A group is ``group_size`` rollouts of one prompt. Advantages are group-relative
+(``reward - group mean``, as in prime-rl's default, without std normalisation) and are spread
+over the group's sampled tokens. The ``grpo`` processor gets the sampler's logprobs as
+``old_log_probs_shifted`` so the PPO ratio corrects for the policy that actually sampled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from cortex_training import wire
+
+from cortex_recipes.payloads import RESPONSE_OPTIONS
+from cortex_recipes.rollouts import (
+    Rollout,
+    completion_mask,
+    pad_rows,
+    rollouts_from_results,
+    sampler_logprobs_shifted,
+)
+from cortex_recipes.sampling import generate
+
+GRPO_DEFAULTS = {"eps_clip": 0.2, "loss_agg_mode": "token-mean"}
+
+
+@dataclass
+class ScoredGroup:
+    """One prompt's rollouts and rewards, with the policy span they were sampled under."""
+
+    task_index: int
+    rollouts: list[Rollout]
+    rewards: list[float]
+    policy_start: int = 0
+    policy_end: int = 0
+
+    @property
+    def advantages(self) -> list[float]:
+        return group_advantages(self.rewards)
+
+
+def group_advantages(rewards: Sequence[float]) -> list[float]:
+    mean = sum(rewards) / len(rewards)
+    return [r - mean for r in rewards]
+
+
+def sample_group(
+    client,
+    job_id: str,
+    prompt_ids: list[int],
+    group_size: int,
+    params: dict[str, Any],
+    seed: int,
+) -> list[Rollout]:
+    """``group_size`` samples of one prompt in one generate request, each with its own seed."""
+    rows = [{**params, "logprobs": 0, "seed": seed + i} for i in range(group_size)]
+    prompts = [list(prompt_ids)] * group_size
+    return rollouts_from_results(prompts, generate(client, job_id, prompts, rows))
+
+
+def group_seed(base_seed: int, group_index: int, group_size: int) -> int:
+    """Disjoint per-rollout seeds for every group of a run."""
+    return base_seed * 1_000_003 + group_index * group_size
+
+
+def grpo_frame(
+    groups: Sequence[ScoredGroup], pad_id: int, loss_config: dict[str, Any]
+) -> tuple[bytes, dict[str, float]]:
+    """The forward-backward frame for one training step, and what it contains."""
+    rollouts = [r for g in groups for r in g.rollouts]
+    advantages = torch.tensor([a for g in groups for a in g.advantages])
+    input_ids = pad_rows([r.ids for r in rollouts], pad_id)
+    width = input_ids.shape[1]
+    mask = completion_mask(rollouts, width)
+    frame = wire.dumps(
+        {
+            "args": (),
+            "kwargs": {"input_ids": input_ids},
+            "context": {
+                "input_ids": input_ids,
+                "loss_mask": mask,
+                "advantages": advantages[:, None] * mask,
+                "old_log_probs_shifted": sampler_logprobs_shifted(rollouts, width),
+            },
+            "processing": {
+                "loss_fn": "grpo",
+                "config": {**GRPO_DEFAULTS, **loss_config},
+            },
+        },
+        metadata=RESPONSE_OPTIONS,
+    )
+    rewards = [x for g in groups for x in g.rewards]
+    stats = {
+        "reward/mean": sum(rewards) / len(rewards),
+        "progress/rollouts": len(rollouts),
+        "progress/output_tokens": int(mask.sum()),
+        "groups/uniform_fraction": sum(len(set(g.rewards)) == 1 for g in groups) / len(groups),
+    }
+    return frame, stats
+
+
+def task_order(seed: int, size: int) -> list[int]:
+    """A seeded permutation of the task indices: group ``g`` trains on ``order[g % size]``."""
+    import random
+
+    order = list(range(size))
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def greedy_eval(client, job_id: str, tokenizer, env, max_tokens: int) -> dict[str, Any]:
+    """Greedy answers to every task of ``env``: exact-answer accuracy and mean score."""
+    from cortex_recipes.sampling import chat_prompt_ids
+
+    tasks = [env.task(i) for i in range(env.size)]
+    prompts = [chat_prompt_ids(tokenizer, env.prompt(t)) for t in tasks]
+    results = generate(client, job_id, prompts, {"max_tokens": max_tokens, "temperature": 0.0})
+    texts = [tokenizer.decode(r["token_ids"], skip_special_tokens=True) for r in results]
+    scores = [env.score(t, text) for t, text in zip(tasks, texts, strict=True)]
+    return {
+        "accuracy": sum(s == 1.0 for s in scores) / len(scores),
+        "score": sum(scores) / len(scores),
+        "examples": [
+            {"question": t.question, "completion": x}
+            for t, x in zip(tasks[:3], texts[:3], strict=True)
+        ],
+    }
