@@ -1,0 +1,121 @@
+"""Qualify an async GRPO profile: one run, interrupted twice, that must still finish cleanly.
+
+    python -m recipes.rl.async_grpo.qualify profile=recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json
+
+The training command runs as a child process:
+1. once step ``kill_backend_after`` is logged, the local backend server is killed. The run
+   must reconnect by itself and resume from its last checkpoint;
+2. once step ``kill_run_after`` is logged, the training process itself gets SIGKILL;
+3. the same command is run again, and it must resume and finish.
+
+The checks: reward rose and greedy eval accuracy rose; the observed lag never exceeded
+``max_async_level`` or ``max_off_policy_steps``; rollouts overlapped training; every step
+from 1 to ``max_steps`` was logged exactly once; both interruptions resumed from a
+checkpoint. The record goes to ``evidence/<profile>.json`` and ``last_validated`` is set.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import chz
+
+from cortex_recipes.qualify import record_evidence
+from cortex_recipes.rl.checks import async_grpo_checks
+from cortex_recipes.rl.profile import load_grpo_profile
+
+log = logging.getLogger("recipes.rl.async_grpo.qualify")
+RECIPE_DIR = Path(__file__).parent
+
+
+@chz.chz
+class Config:
+    profile: str = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
+    kill_backend_after: int = 3
+    kill_run_after: int = 6
+    timeout_s: float = 3600.0
+
+
+def logged_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def backend_pids(state_dir: Path) -> list[int]:
+    """The local backend server started for ``state_dir`` (its command line names it)."""
+    out = subprocess.run(
+        ["pgrep", "-f", f"cortex_recipes.local.server .*--state-dir {state_dir} "],
+        capture_output=True,
+        text=True,
+    )
+    return [int(p) for p in out.stdout.split()]
+
+
+def wait_for_step(proc, run_dir: Path, step: int, deadline: float) -> None:
+    while max(logged_steps(run_dir), default=0) < step:
+        if proc.poll() is not None:
+            raise RuntimeError(f"training exited with {proc.returncode} before step {step}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"step {step} not reached in time")
+        time.sleep(1.0)
+
+
+def main(config: Config) -> dict:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    profile = load_grpo_profile(config.profile)
+    run_dir = Path(tempfile.mkdtemp(prefix="qualify-async-grpo-"))
+    command = [
+        sys.executable,
+        "-m",
+        "recipes.rl.async_grpo.train",
+        f"profile={config.profile}",
+        f"log_path={run_dir}",
+    ]
+    deadline = time.monotonic() + config.timeout_s
+    events = []
+    with open(run_dir / "train-1.log", "wb") as out:
+        first = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        wait_for_step(first, run_dir, config.kill_backend_after, deadline)
+        for pid in backend_pids((run_dir / "backend").resolve()):
+            os.kill(pid, signal.SIGKILL)
+        events.append({"event": "backend killed", "after_step": max(logged_steps(run_dir))})
+        log.info("killed the backend after step %d", events[-1]["after_step"])
+        wait_for_step(first, run_dir, config.kill_run_after, deadline)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        events.append({"event": "training killed", "after_step": max(logged_steps(run_dir))})
+        log.info("killed training after step %d", events[-1]["after_step"])
+    with open(run_dir / "train-2.log", "wb") as out:
+        subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=True)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+    first_log = (run_dir / "train-1.log").read_text(errors="replace")
+    run = {
+        "summary": summary,
+        "events": events,
+        "reconnected_in_process": "reconnect 1/" in first_log,
+        "steps_logged": [m["step"] for m in metrics],
+        "rewards": [round(m["reward/mean"], 4) for m in metrics],
+        "off_policy_max_per_step": [m["off_policy/max"] for m in metrics],
+        "dropped_total": metrics[-1]["off_policy/dropped_total"],
+        "time_per_step_s": [m["time/train"] for m in metrics],
+    }
+    checks = async_grpo_checks(run, profile.raw["max_steps"], profile.lag_config())
+    path = record_evidence(RECIPE_DIR, profile.name, profile.config_hash, [run], checks)
+    print(json.dumps({"checks": checks, "evidence": str(path) if path else None}, indent=2))
+    return {"checks": checks, "evidence": path}
+
+
+if __name__ == "__main__":
+    result = main(chz.entrypoint(Config))
+    sys.exit(0 if all(result["checks"].values()) else 1)

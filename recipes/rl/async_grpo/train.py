@@ -1,0 +1,309 @@
+"""Asynchronous GRPO: rollouts and training overlap with bounded, observable policy lag.
+
+    python -m recipes.rl.async_grpo.train                      # CPU profile, 10 steps
+    python -m recipes.rl.async_grpo.train max_steps=2 profile=recipes/rl/async_grpo/configs/local-cpu-tiny-qwen3-smoke.json
+
+Rollout workers keep up to ``max_inflight_groups`` groups in flight on the sampling sub-job
+while the trainer consumes finished groups; ``max_async_level`` bounds how far sampling runs
+ahead of training and ``max_off_policy_steps`` drops work that became too stale (prime-rl's
+orchestration semantics, see docs/async-grpo.md). Per step: take a batch -> ``grpo``
+forward-backward with the sampler's logprobs as ``old_log_probs_shifted`` -> optimiser step
+-> weight sync to the sampler -> publish the new policy version. Every ``ckpt.interval``
+steps the trainer saves a resumable checkpoint and the orchestrator writes its state
+atomically; rerunning the command resumes from there, and a lost backend is reconnected
+and resumed within the same command.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import chz
+
+from cortex_recipes.endpoint import LOCAL, connect, sub_job_ids
+from cortex_recipes.envs.math import MathEnv
+from cortex_recipes.models import load_tokenizer
+from cortex_recipes.reconnect import is_recoverable
+from cortex_recipes.rl.checkpoint import CheckpointError, RunCheckpoints
+from cortex_recipes.rl.grpo import (
+    ScoredGroup,
+    greedy_eval,
+    group_seed,
+    grpo_frame,
+    sample_group,
+    task_order,
+)
+from cortex_recipes.rl.orchestrator import AsyncOrchestrator, Intervals, overlap_seconds
+from cortex_recipes.rl.policy_lag import RolloutBook
+from cortex_recipes.rl.profile import GRPOProfile, load_grpo_profile
+from cortex_recipes.run_log import RunLog
+from cortex_recipes.sampling import chat_prompt_ids
+from cortex_recipes.sft import ProfileError
+
+log = logging.getLogger("recipes.rl.async_grpo")
+DEFAULT_PROFILE = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
+
+
+@chz.chz
+class Config:
+    profile: str = DEFAULT_PROFILE
+    connection: str = "local"
+    log_path: str = ""  # default: runs/async_grpo/<profile name>
+    max_steps: int = 0  # 0: the profile's max_steps
+    if_exists: str = "resume"  # resume | overwrite | fail, when log_path holds checkpoints
+    max_reconnects: int = 3
+    env_latency_s: float = -1.0  # < 0: the profile's env.latency_s
+
+
+def main(config: Config) -> dict:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    profile = load_grpo_profile(config.profile)
+    if not profile.is_async:
+        raise ProfileError(
+            f"{config.profile}: orchestrator.max_async_level is not set; "
+            "synchronous profiles belong to recipes/rl/math_grpo"
+        )
+    if config.if_exists not in ("resume", "overwrite", "fail"):
+        raise ValueError(f"if_exists={config.if_exists!r}; accepted: resume, overwrite, fail")
+    run_dir = Path(config.log_path or f"runs/async_grpo/{profile.name}")
+    checkpoints = RunCheckpoints(run_dir / "checkpoints")
+    if checkpoints.steps():
+        if config.if_exists == "fail":
+            raise CheckpointError(
+                f"{run_dir} already holds checkpoints up to step {checkpoints.steps()[-1]}; "
+                "pass if_exists=resume to continue or if_exists=overwrite to start again"
+            )
+        if config.if_exists == "overwrite":
+            checkpoints.clear()
+
+    reconnects = 0
+    while True:
+        resume = checkpoints.latest()
+        try:
+            with connect(
+                config.connection,
+                state_dir=run_dir / "backend" if config.connection == LOCAL else None,
+                client_options={"max_retries": 2, "poll_timeout": 1800.0},
+            ) as client:
+                return train(client, config, profile, run_dir, checkpoints, resume, reconnects)
+        except Exception as exc:
+            if not is_recoverable(exc) or reconnects >= config.max_reconnects:
+                raise
+            reconnects += 1
+            step = checkpoints.steps()[-1] if checkpoints.steps() else 0
+            log.warning(
+                "lost the backend (%s: %s); reconnect %d/%d, resuming after step %d",
+                type(exc).__name__,
+                exc,
+                reconnects,
+                config.max_reconnects,
+                step,
+            )
+            time.sleep(min(2.0**reconnects, 30.0))
+
+
+def train(client, config, profile: GRPOProfile, run_dir, checkpoints, resume, reconnects) -> dict:
+    raw = profile.raw
+    max_steps = config.max_steps or raw["max_steps"]
+    lag = profile.lag_config()
+    tokenizer = load_tokenizer(raw["model"])
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    env_cfg = raw["env"]
+    env = MathEnv(
+        env_cfg["dataset"],
+        seed=env_cfg["seed"],
+        size=env_cfg["size"],
+        config=env_cfg.get("config"),
+        **({"instruction": env_cfg["instruction"]} if "instruction" in env_cfg else {}),
+    )
+    eval_cfg = raw.get("eval", {})
+    eval_env = MathEnv(
+        env_cfg["dataset"],
+        seed=eval_cfg.get("seed", 12345),
+        size=eval_cfg.get("num_examples", 32),
+        config=env_cfg.get("config"),
+        **({"instruction": env_cfg["instruction"]} if "instruction" in env_cfg else {}),
+    )
+    order = task_order(env_cfg["seed"], env.size)
+    latency = config.env_latency_s if config.env_latency_s >= 0 else env_cfg.get("latency_s", 0.0)
+    params = profile.sampling_params()
+    seed = raw.get("seed", 0)
+
+    job_id = client.create_job(profile.sub_jobs())
+    ids = sub_job_ids(client.wait_for_job(job_id))
+    trainer, sampler = ids["training"], ids["sampling"]
+    weight_format = raw.get("weight_format", "hf")
+
+    def sync_weights() -> None:
+        client.poll_request(
+            job_id, client.weight_sync(job_id, trainer, [sampler], weight_format=weight_format)
+        )
+
+    if resume is not None:
+        if resume.get("config_hash") != profile.config_hash:
+            raise CheckpointError(
+                f"{checkpoints.root}/step_{resume['step']}: written with profile hash "
+                f"{resume.get('config_hash')}, this run's profile hashes to {profile.config_hash}; "
+                "resume with the same profile or pass if_exists=overwrite"
+            )
+        source = resume["trainer"]
+        client.poll_request(
+            job_id,
+            client.load(job_id, source["checkpoint_id"], source_job_id=source["job_id"]),
+        )
+        sync_weights()  # the sampler serves v_{resume_step} before the first dispatch
+        book = RolloutBook.from_state(lag, resume["book"])
+        evals = resume["evals"]
+        start_step = resume["step"] + 1
+        log.info("resumed from step %d (trainer checkpoint %s)", resume["step"], source)
+    else:
+        book = RolloutBook(lag)
+        evals = []
+        start_step = 1
+    book.last_step = max_steps  # no rollouts for steps that will never train
+    run = RunLog(
+        run_dir,
+        keep_through_step=resume["step"] if resume else None,
+        config=chz.asdict(config),
+        profile=raw,
+    )
+    if not evals:
+        evals.append(
+            {"step": 0, **greedy_eval(client, job_id, tokenizer, eval_env, _eval_tokens(raw))}
+        )
+        log.info("eval before training: accuracy %.3f", evals[0]["accuracy"])
+
+    def sample(group) -> ScoredGroup:
+        task = env.task(order[group.index % env.size])
+        prompt_ids = chat_prompt_ids(tokenizer, env.prompt(task))
+        rollouts = sample_group(
+            client,
+            job_id,
+            prompt_ids,
+            profile.group_size,
+            params,
+            group_seed(seed, group.index, profile.group_size),
+        )
+        texts = [tokenizer.decode(r.completion_ids, skip_special_tokens=True) for r in rollouts]
+        if latency:
+            time.sleep(latency)  # a slow verifier or tool; overlaps with training
+        return ScoredGroup(task.index, rollouts, [env.score(task, t) for t in texts])
+
+    training = Intervals()
+    started = time.monotonic()
+    orchestrator = AsyncOrchestrator(book, sample, workers=lag.max_inflight_groups)
+    with orchestrator:
+        for step in range(start_step, max_steps + 1):
+            batch, waited = orchestrator.next_batch(step)
+            groups = []
+            for g in batch.groups:
+                g.payload.policy_start, g.payload.policy_end = g.policy_start, g.policy_end
+                groups.append(g.payload)
+            frame, stats = grpo_frame(groups, pad_id, profile.loss_config())
+            t0 = time.monotonic()
+            result = client.poll_request(job_id, client.forward_backward(job_id, frame))
+            client.poll_request(job_id, client.step(job_id))
+            sync_weights()
+            training.add(t0, time.monotonic())
+            orchestrator.publish(step)
+            m = result["metrics"]
+            record = {
+                "step": step,
+                "loss": result["avg_loss"],
+                **stats,
+                "policy_version": step,
+                "rollout_policy_versions": [g.policy_start for g in batch.groups],
+                "off_policy/mean": batch.lag_mean,
+                "off_policy/max": batch.lag_max,
+                "off_policy/dropped": batch.dropped,
+                "mismatch_kl/mean": m.get("approx_kl"),
+                "clip_ratio": m.get("clip_ratio"),
+                "time/wait_for_batch": round(waited, 3),
+                "time/train": round(time.monotonic() - t0, 3),
+                **orchestrator.gauges(),
+            }
+            if step % eval_cfg.get("interval", 5) == 0 or step == max_steps:
+                evals.append(
+                    {
+                        "step": step,
+                        **greedy_eval(client, job_id, tokenizer, eval_env, _eval_tokens(raw)),
+                    }
+                )
+                record["eval/accuracy"] = evals[-1]["accuracy"]
+            if step % raw.get("ckpt", {}).get("interval", 1) == 0 or step == max_steps:
+                record["time/save_ckpt"] = _checkpoint(
+                    client, job_id, checkpoints, run, step, profile, orchestrator, evals
+                )
+            run.metrics(**record)
+            log.info(
+                "step %d/%d reward %.3f lag mean %.2f max %d dropped %d in-flight %d eval %s",
+                step,
+                max_steps,
+                stats["reward/mean"],
+                batch.lag_mean,
+                batch.lag_max,
+                book.dropped_total,
+                record["off_policy/in_flight/count"],
+                record.get("eval/accuracy", "-"),
+            )
+    generation = orchestrator.generation
+    segment_s = time.monotonic() - started
+    client.cancel_job(job_id)
+
+    history = run.read_metrics()
+    train_s = training.total()
+    summary = {
+        "profile": profile.name,
+        "config_hash": profile.config_hash,
+        "steps": [h["step"] for h in history],
+        "rewards": [h["reward/mean"] for h in history],
+        "losses": [h["loss"] for h in history],
+        "eval_accuracy": [{"step": e["step"], "accuracy": e["accuracy"]} for e in evals],
+        "off_policy_max": max((h["off_policy/max"] for h in history), default=0),
+        "off_policy_mean": sum(h["off_policy/mean"] for h in history) / max(len(history), 1),
+        "dropped_total": book.dropped_total,
+        "max_async_level": lag.max_async_level,
+        "max_off_policy_steps": lag.max_off_policy_steps,
+        "overlap_fraction": overlap_seconds(training, generation) / train_s if train_s else 0.0,
+        "resumed_from_step": resume["step"] if resume else None,
+        "reconnects": reconnects,
+        "wall_time_s": round(segment_s, 1),
+    }
+    run.summary(summary)
+    return summary
+
+
+def _eval_tokens(raw: dict) -> int:
+    return raw.get("eval", {}).get("max_tokens", raw["orchestrator"]["sampling"]["max_tokens"])
+
+
+def _checkpoint(client, job_id, checkpoints, run, step, profile, orchestrator, evals) -> float:
+    """Trainer (resumable save) first, then the orchestrator state that points at it."""
+    t0 = time.monotonic()
+    saved = client.poll_request(job_id, client.save(job_id, checkpoint_type="resumable"))
+    trainer = {"job_id": job_id, **{k: saved[k] for k in ("checkpoint_id", "stage_path")}}
+    book_state = orchestrator.state_dict()
+    checkpoints.save(
+        step,
+        {
+            "config_hash": profile.config_hash,
+            "trainer": trainer,
+            "book": book_state,
+            "evals": evals,
+        },
+    )
+    run.checkpoint(step=step, **trainer)
+    return round(time.monotonic() - t0, 3)
+
+
+if __name__ == "__main__":
+    out = main(chz.entrypoint(Config))
+    keys = ("profile", "eval_accuracy", "off_policy_max", "overlap_fraction", "wall_time_s")
+    print(json.dumps({k: out[k] for k in keys}))
+    sys.exit(0)

@@ -1,0 +1,165 @@
+"""Math GRPO, synchronous: the step-by-step SDK example of a GRPO loop.
+
+    python -m recipes.rl.math_grpo.train                      # CPU profile, 10 steps
+    python -m recipes.rl.math_grpo.train max_steps=2 profile=recipes/rl/math_grpo/configs/local-cpu-tiny-qwen3-smoke.json
+
+Every step does the same five things, one after the other, on the current policy:
+1. sample ``group_size`` completions for each of ``batch_size / group_size`` problems
+   (one generate request, token ids and sampler logprobs back);
+2. score them with the reasoning-gym scorer; advantages are ``reward - group mean``;
+3. ``forward_backward`` with the ``grpo`` processor (the sampler's logprobs as
+   ``old_log_probs_shifted``);
+4. ``step``;
+5. ``weight_sync`` the new weights to the sampler.
+Nothing overlaps, so every batch is on-policy. recipes/rl/async_grpo is the overlapped version.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import chz
+
+from cortex_recipes.endpoint import connect, sub_job_ids
+from cortex_recipes.envs.math import MathEnv
+from cortex_recipes.models import load_tokenizer
+from cortex_recipes.rl.grpo import ScoredGroup, greedy_eval, group_seed, grpo_frame, task_order
+from cortex_recipes.rl.profile import load_grpo_profile
+from cortex_recipes.rollouts import rollouts_from_results
+from cortex_recipes.run_log import RunLog
+from cortex_recipes.sampling import chat_prompt_ids, generate
+from cortex_recipes.sft import ProfileError
+
+log = logging.getLogger("recipes.rl.math_grpo")
+DEFAULT_PROFILE = "recipes/rl/math_grpo/configs/local-cpu-smollm2-lora.json"
+
+
+@chz.chz
+class Config:
+    profile: str = DEFAULT_PROFILE
+    connection: str = "local"
+    log_path: str = ""  # default: runs/math_grpo/<profile name>
+    max_steps: int = 0  # 0: the profile's max_steps
+    env_latency_s: float = -1.0  # < 0: the profile's env.latency_s
+
+
+def main(config: Config) -> dict:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    profile = load_grpo_profile(config.profile)
+    if profile.is_async:
+        raise ProfileError(
+            f"{config.profile} sets orchestrator.max_async_level: asynchronous profiles belong "
+            "to recipes/rl/async_grpo"
+        )
+    raw, env_cfg, eval_cfg = profile.raw, profile.raw["env"], profile.raw.get("eval", {})
+    max_steps = config.max_steps or raw["max_steps"]
+    latency = config.env_latency_s if config.env_latency_s >= 0 else env_cfg.get("latency_s", 0.0)
+    run = RunLog(Path(config.log_path or f"runs/math_grpo/{profile.name}"), profile=raw)
+    tokenizer = load_tokenizer(raw["model"])
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    extra = {"config": env_cfg.get("config")}
+    if "instruction" in env_cfg:
+        extra["instruction"] = env_cfg["instruction"]
+    env = MathEnv(env_cfg["dataset"], seed=env_cfg["seed"], size=env_cfg["size"], **extra)
+    eval_env = MathEnv(
+        env_cfg["dataset"],
+        seed=eval_cfg.get("seed", 12345),
+        size=eval_cfg.get("num_examples", 32),
+        **extra,
+    )
+    order = task_order(env_cfg["seed"], env.size)
+    eval_tokens = eval_cfg.get("max_tokens", profile.sampling_params()["max_tokens"])
+    history, evals = [], []
+    started = time.monotonic()
+
+    with connect(config.connection) as client:
+        job_id = client.create_job(profile.sub_jobs())
+        ids = sub_job_ids(client.wait_for_job(job_id))
+        evals.append({"step": 0, **greedy_eval(client, job_id, tokenizer, eval_env, eval_tokens)})
+
+        for step in range(1, max_steps + 1):
+            t0 = time.monotonic()
+            # 1. Sample: group g of the run is task order[g], every rollout with its own seed.
+            first = (step - 1) * profile.groups_per_step
+            tasks = [
+                env.task(order[(first + g) % env.size]) for g in range(profile.groups_per_step)
+            ]
+            prompts, rows = [], []
+            for g, task in enumerate(tasks):
+                prompt = chat_prompt_ids(tokenizer, env.prompt(task))
+                seed = group_seed(raw.get("seed", 0), first + g, profile.group_size)
+                for i in range(profile.group_size):
+                    prompts.append(prompt)
+                    rows.append({**profile.sampling_params(), "logprobs": 0, "seed": seed + i})
+            rollouts = rollouts_from_results(prompts, generate(client, job_id, prompts, rows))
+            # 2. Score: reasoning-gym's scorer; group-relative advantages happen in the frame.
+            groups = []
+            for g, task in enumerate(tasks):
+                mine = rollouts[g * profile.group_size : (g + 1) * profile.group_size]
+                texts = [tokenizer.decode(r.completion_ids, skip_special_tokens=True) for r in mine]
+                groups.append(ScoredGroup(task.index, mine, [env.score(task, t) for t in texts]))
+            if latency:
+                time.sleep(latency)  # the verifier scores all groups of the step concurrently
+            t_sampled = time.monotonic()
+            # 3-5. Train on the batch, step, and put the new weights on the sampler.
+            frame, stats = grpo_frame(groups, pad_id, profile.loss_config())
+            result = client.poll_request(job_id, client.forward_backward(job_id, frame))
+            client.poll_request(job_id, client.step(job_id))
+            client.poll_request(
+                job_id,
+                client.weight_sync(
+                    job_id,
+                    ids["training"],
+                    [ids["sampling"]],
+                    weight_format=raw.get("weight_format", "hf"),
+                ),
+            )
+            record = {
+                "step": step,
+                "loss": result["avg_loss"],
+                **stats,
+                "policy_version": step,
+                "mismatch_kl/mean": result["metrics"].get("approx_kl"),
+                "time/rollouts": round(t_sampled - t0, 3),
+                "time/train": round(time.monotonic() - t_sampled, 3),
+            }
+            if step % eval_cfg.get("interval", 5) == 0 or step == max_steps:
+                evals.append(
+                    {"step": step, **greedy_eval(client, job_id, tokenizer, eval_env, eval_tokens)}
+                )
+                record["eval/accuracy"] = evals[-1]["accuracy"]
+            run.metrics(**record)
+            history.append(record)
+            log.info(
+                "step %d/%d reward %.3f loss %.4f eval %s",
+                step,
+                max_steps,
+                stats["reward/mean"],
+                record["loss"],
+                record.get("eval/accuracy", "-"),
+            )
+        client.cancel_job(job_id)
+
+    summary = {
+        "profile": profile.name,
+        "config_hash": profile.config_hash,
+        "steps": [h["step"] for h in history],
+        "rewards": [h["reward/mean"] for h in history],
+        "losses": [h["loss"] for h in history],
+        "eval_accuracy": [{"step": e["step"], "accuracy": e["accuracy"]} for e in evals],
+        "wall_time_s": round(time.monotonic() - started, 1),
+    }
+    run.summary(summary)
+    return summary
+
+
+if __name__ == "__main__":
+    out = main(chz.entrypoint(Config))
+    print(json.dumps({k: out[k] for k in ("profile", "eval_accuracy", "rewards", "wall_time_s")}))
+    sys.exit(0)
