@@ -111,7 +111,17 @@ def main(config: Config) -> dict:
         "time_per_step_s": [m["time/train"] for m in metrics],
     }
     checks = async_grpo_checks(run, profile.raw["max_steps"], profile.lag_config())
-    path = record_evidence(RECIPE_DIR, profile.name, profile.config_hash, [run], checks)
+    evals = summary["eval_accuracy"]
+    measured = {
+        "eval_accuracy_before": evals[0]["accuracy"],
+        "eval_accuracy_after": evals[-1]["accuracy"],
+        "reward_last_step": summary["rewards"][-1],
+        "off_policy_max": max(run["off_policy_max_per_step"]),
+        "overlap_fraction": summary["overlap_fraction"],
+    }
+    path = record_evidence(
+        RECIPE_DIR, profile.name, profile.config_hash, [run], checks, metrics=measured
+    )
     print(json.dumps({"checks": checks, "evidence": str(path) if path else None}, indent=2))
     return {"checks": checks, "evidence": path}
 

@@ -81,6 +81,13 @@ def main(config: Config) -> dict:
             )
         if config.if_exists == "overwrite":
             checkpoints.clear()
+    latest = checkpoints.latest()
+    if latest is not None and latest.get("config_hash") != profile.config_hash:
+        raise CheckpointError(
+            f"{checkpoints.root}/step_{latest['step']}: written with profile hash "
+            f"{latest.get('config_hash')}, this run's profile hashes to {profile.config_hash}; "
+            "resume with the same profile or pass if_exists=overwrite"
+        )
 
     reconnects = 0
     while True:
@@ -146,12 +153,6 @@ def train(client, config, profile: GRPOProfile, run_dir, checkpoints, resume, re
         )
 
     if resume is not None:
-        if resume.get("config_hash") != profile.config_hash:
-            raise CheckpointError(
-                f"{checkpoints.root}/step_{resume['step']}: written with profile hash "
-                f"{resume.get('config_hash')}, this run's profile hashes to {profile.config_hash}; "
-                "resume with the same profile or pass if_exists=overwrite"
-            )
         source = resume["trainer"]
         client.poll_request(
             job_id,
@@ -273,6 +274,7 @@ def train(client, config, profile: GRPOProfile, run_dir, checkpoints, resume, re
         "overlap_fraction": overlap_seconds(training, generation) / train_s if train_s else 0.0,
         "resumed_from_step": resume["step"] if resume else None,
         "reconnects": reconnects,
+        "loop_time_s": round(segment_s, 2),
         "wall_time_s": round(segment_s, 1),
     }
     run.summary(summary)

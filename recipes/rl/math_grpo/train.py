@@ -83,6 +83,7 @@ def main(config: Config) -> dict:
         ids = sub_job_ids(client.wait_for_job(job_id))
         evals.append({"step": 0, **greedy_eval(client, job_id, tokenizer, eval_env, eval_tokens)})
 
+        loop_started = time.monotonic()
         for step in range(1, max_steps + 1):
             t0 = time.monotonic()
             # 1. Sample: group g of the run is task order[g], every rollout with its own seed.
@@ -144,6 +145,7 @@ def main(config: Config) -> dict:
                 record["loss"],
                 record.get("eval/accuracy", "-"),
             )
+        loop_s = time.monotonic() - loop_started
         client.cancel_job(job_id)
 
     summary = {
@@ -153,6 +155,7 @@ def main(config: Config) -> dict:
         "rewards": [h["reward/mean"] for h in history],
         "losses": [h["loss"] for h in history],
         "eval_accuracy": [{"step": e["step"], "accuracy": e["accuracy"]} for e in evals],
+        "loop_time_s": round(loop_s, 2),
         "wall_time_s": round(time.monotonic() - started, 1),
     }
     run.summary(summary)

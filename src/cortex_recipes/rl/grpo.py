@@ -8,6 +8,8 @@ over the group's sampled tokens. The ``grpo`` processor gets the sampler's logpr
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -94,7 +96,9 @@ def grpo_frame(
         metadata=RESPONSE_OPTIONS,
     )
     rewards = [x for g in groups for x in g.rewards]
+    digest = hashlib.sha256(json.dumps([r.completion_ids for r in rollouts]).encode())
     stats = {
+        "rollouts/sha256": digest.hexdigest()[:16],
         "reward/mean": sum(rewards) / len(rewards),
         "progress/rollouts": len(rollouts),
         "progress/output_tokens": int(mask.sum()),
