@@ -8,6 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 # Everything the validators read, and nothing of the journeys that have not landed.
+# Add a journey's folder (and the docs its README links) here when it lands.
 COPIED = (
     "journeys.toml",
     "recipes/__init__.py",
@@ -15,8 +16,10 @@ COPIED = (
     "recipes/recipe.schema.json",
     "recipes/sft",
     "recipes/distillation",
+    "recipes/rl",
     "model-catalog",
     "docs/model-compatibility.md",
+    "docs/async-grpo.md",
 )
 
 SFT = "recipes/sft/conversational"

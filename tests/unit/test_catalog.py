@@ -187,7 +187,7 @@ def test_cli_catalog_validate_prints_problems_and_exits_1(repo, capsys):
     (repo / TINY).unlink()
     assert cli.main(["catalog", "validate", "--root", str(repo)]) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert "model-catalog/models.json: model 'tiny-qwen3' is used by no catalog profile" in lines
+    assert "docs/model-compatibility.md: table is stale; run `cortex-recipes catalog sync`" in lines
     assert any(
         line.startswith("model-catalog/profiles: no sft.local-cpu-tiny-qwen3.json")
         for line in lines

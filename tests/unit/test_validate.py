@@ -396,8 +396,8 @@ def test_record_without_the_required_fields_is_reported(repo):
 
 
 def test_planned_journey_with_a_folder_is_not_checked(repo):
-    (repo / "recipes" / "rl" / "async_grpo").mkdir(parents=True)
-    (repo / "recipes" / "rl" / "async_grpo" / "train.py").write_text("broken(")
+    (repo / "recipes" / "agentic" / "tito").mkdir(parents=True)
+    (repo / "recipes" / "agentic" / "tito" / "train.py").write_text("broken(")
     assert problems_of(repo) == []
 
 
@@ -407,7 +407,7 @@ def test_landed_journey_without_its_folder_is_reported(repo):
     )
     (repo / "journeys.toml").write_text(text)
     found = problems_of(repo)
-    assert "recipes/rl/async_grpo: folder of landed journey 'grpo' does not exist" in found
+    assert "recipes/agentic/tito: folder of landed journey 'tito' does not exist" in found
 
 
 def test_journey_folder_missing_from_journeys_toml_is_reported(repo):
