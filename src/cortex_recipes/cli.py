@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -96,6 +98,39 @@ def _cmd_qualify(args: argparse.Namespace) -> int:
     return 0
 
 
+CONNECTION_FILE_ENV = "CORTEX_CONNECTION_FILE"
+MOUNTED_CONNECTION = Path("/run/cortex/connection.json")
+
+
+def journey_command(root: Path, verb: str, journey_name: str, extra: list[str]) -> list[str]:
+    """``train``: the journey's entry point with its default config, on the local backend
+    unless a connection file is given ($CORTEX_CONNECTION_FILE or a file mounted at
+    /run/cortex/connection.json). ``smoke``: the smoke command from journeys.toml."""
+    from cortex_recipes import journeys
+
+    journey = journeys.get_journey(root, journey_name)
+    if verb == "smoke":
+        command = shlex.split(journey.smoke)
+        if command and command[0] in ("python", "python3"):
+            command[0] = sys.executable
+        return [*command, *extra]
+    command = [sys.executable, "-m", journey.entry_point, *extra]
+    if not any(arg.startswith("connection=") for arg in extra):
+        mounted = os.environ.get(CONNECTION_FILE_ENV) or (
+            str(MOUNTED_CONNECTION) if MOUNTED_CONNECTION.is_file() else ""
+        )
+        if mounted:
+            command.append(f"connection={mounted}")
+    return command
+
+
+def _cmd_journey(args: argparse.Namespace) -> int:
+    root = _root(args)
+    command = journey_command(root, args.verb, args.journey, args.overrides)
+    log.info("running %s in %s", " ".join(command), root)
+    return subprocess.run(command, cwd=root, check=False).returncode
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cortex-recipes")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
@@ -142,6 +177,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     qualify.add_argument("--root", help=root_help)
     qualify.set_defaults(func=_cmd_qualify)
+
+    journey = commands.add_parser(
+        "journey",
+        help="run a journey's default training or its smoke command (the image verbs)",
+        description=(
+            "train: python -m <entry point> [overrides], with connection=<file> added when "
+            f"${CONNECTION_FILE_ENV} is set or {MOUNTED_CONNECTION} exists; "
+            "smoke: the smoke command from journeys.toml. The exit code is the command's."
+        ),
+    )
+    journey.add_argument("verb", choices=("train", "smoke"))
+    journey.add_argument("journey", help="a journey name from journeys.toml (e.g. sft)")
+    journey.add_argument("overrides", nargs="*", help="key=value overrides passed on")
+    journey.add_argument("--root", help=root_help)
+    journey.set_defaults(func=_cmd_journey)
 
     catalog = commands.add_parser("catalog", help="the model catalog (model-catalog/)")
     catalog_commands = catalog.add_subparsers(dest="catalog_command", required=True)

@@ -1,0 +1,74 @@
+"""`cortex-recipes journey train|smoke <name>`: the commands the image verbs run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cortex_recipes import cli
+from cortex_recipes.journeys import JourneyError
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_smoke_runs_the_smoke_command_from_journeys_toml_with_this_python():
+    command = cli.journey_command(ROOT, "smoke", "sft", ["log_path=/tmp/x"])
+    assert command == [
+        sys.executable,
+        "-m",
+        "recipes.sft.conversational.train",
+        "profile=recipes/sft/conversational/configs/local-cpu-tiny-qwen3.json",
+        "log_path=/tmp/x",
+    ]
+
+
+def test_train_uses_the_local_backend_unless_a_connection_file_is_given(monkeypatch, tmp_path):
+    monkeypatch.delenv(cli.CONNECTION_FILE_ENV, raising=False)
+    monkeypatch.setattr(cli, "MOUNTED_CONNECTION", tmp_path / "absent.json")
+    assert cli.journey_command(ROOT, "train", "opd", []) == [
+        sys.executable,
+        "-m",
+        "recipes.distillation.on_policy.train",
+    ]
+    mounted = tmp_path / "connection.json"
+    mounted.write_text("{}")
+    monkeypatch.setattr(cli, "MOUNTED_CONNECTION", mounted)
+    assert cli.journey_command(ROOT, "train", "opd", [])[-1] == f"connection={mounted}"
+    explicit = cli.journey_command(ROOT, "train", "opd", ["connection=local"])
+    assert explicit[-1] == "connection=local" and len(explicit) == 4
+    monkeypatch.setenv(cli.CONNECTION_FILE_ENV, "/secrets/conn.json")
+    assert cli.journey_command(ROOT, "train", "grpo", [])[-1] == "connection=/secrets/conn.json"
+
+
+def test_unknown_journey_is_an_error_naming_it():
+    with pytest.raises(JourneyError, match="nope"):
+        cli.journey_command(ROOT, "train", "nope", [])
+
+
+def test_image_entrypoint_maps_verbs_to_cortex_recipes(tmp_path):
+    fake = tmp_path / "cortex-recipes"
+    fake.write_text('#!/bin/sh\necho "cortex-recipes $*"\n')
+    fake.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "CORTEX_JOURNEY": "sft"}
+
+    def entry(*args):
+        return subprocess.run(
+            ["sh", str(ROOT / "docker" / "entrypoint.sh"), *args],
+            env=env, capture_output=True, text=True,
+        )  # fmt: skip
+
+    assert entry().stdout == "cortex-recipes journey train sft --root /app\n"
+    assert entry("smoke", "log_path=/x").stdout == (
+        "cortex-recipes journey smoke sft log_path=/x --root /app\n"
+    )
+    assert entry("validate").stdout.splitlines() == [
+        "cortex-recipes validate --root /app",
+        "cortex-recipes catalog validate --root /app",
+    ]
+    unknown = entry("deploy")
+    assert unknown.returncode == 64 and "unknown verb 'deploy'" in unknown.stderr
