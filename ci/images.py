@@ -74,7 +74,7 @@ def image_size(engine: str, tag: str) -> int:
     return int(out.stdout.strip() or 0)
 
 
-def build(engine: str, journey: dict, base: str | None, tag: str) -> float:
+def build(engine: str, journey: dict, base: str | None, tag: str, no_cache: bool = False) -> float:
     flags, _ = build_args(journey, base)
     epoch = flags[-1]
     flags = flags[:-2]  # the trailing --timestamp is podman's spelling
@@ -88,6 +88,8 @@ def build(engine: str, journey: dict, base: str | None, tag: str) -> float:
         ]  # fmt: skip
     else:
         command = [engine, "build", "--format", "docker", "--timestamp", epoch, "-t", tag]
+    if no_cache:
+        command.append("--no-cache")
     started = time.monotonic()
     run([*command, "-f", "docker/Dockerfile", *flags, "."], cwd=ROOT)
     return time.monotonic() - started
@@ -101,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the images")
     parser.add_argument("--no-smoke", action="store_true")
     parser.add_argument(
-        "--reproducible", action="store_true", help="build twice and compare digests"
+        "--reproducible",
+        action="store_true",
+        help="build twice without the layer cache and compare digests",
     )
     args = parser.parse_args(argv)
 
@@ -118,13 +122,15 @@ def main(argv: list[str] | None = None) -> int:
         pinned = f"cortex/{journey['name']}:pinned"
         result = {"journey": journey["name"], "image": tag}
         try:
-            result["build_s"] = round(build(args.engine, journey, args.base, tag), 1)
+            result["build_s"] = round(
+                build(args.engine, journey, args.base, tag, no_cache=args.reproducible), 1
+            )
             run([args.engine, "tag", tag, pinned])
             result["digest"] = image_digest(args.engine, tag)
             result["size_mb"] = round(image_size(args.engine, tag) / 2**20)
             if args.reproducible:
                 again = f"{tag}-again"
-                build(args.engine, journey, args.base, again)
+                build(args.engine, journey, args.base, again, no_cache=True)
                 result["digest_again"] = image_digest(args.engine, again)
                 result["reproducible"] = result["digest_again"] == result["digest"]
                 run([args.engine, "rmi", again])
