@@ -118,16 +118,27 @@ def _template_supervised(tokenizer, messages, per_message: list[float]) -> Weigh
 
 
 def render_supervised(
-    messages: Sequence[dict[str, Any]], tokenizer, renderer, train_on: TrainOnWhat
+    messages: Sequence[dict[str, Any]],
+    tokenizer,
+    renderer,
+    train_on: TrainOnWhat,
+    *,
+    tools: Sequence[dict[str, Any]] | None = None,
 ) -> WeightedTokens:
-    """Token ids of ``messages`` and token-aligned supervision weights."""
+    """Token ids of ``messages`` and token-aligned supervision weights.
+
+    ``tools`` (OpenAI function-tool declarations) are rendered into the system prompt the way
+    the model will see them at inference; they need a renderer.
+    """
     if not messages:
         raise SupervisionError("a conversation needs at least one message")
     per_message = message_weights(messages, train_on)
     clean = _clean(messages)
     if renderer is None:
+        if tools:
+            raise SupervisionError("tool declarations need a renderer (renderer='qwen3')")
         return _template_supervised(tokenizer, clean, per_message)
-    rendered = renderer.render(clean)
+    rendered = renderer.render(clean, tools=list(tools)) if tools else renderer.render(clean)
     weights = [
         per_message[m] if sampled and m >= 0 else 0.0
         for m, sampled in zip(rendered.message_indices, rendered.sampled_mask, strict=True)

@@ -17,6 +17,7 @@ COPIED = (
     "recipes/sft",
     "recipes/distillation",
     "recipes/rl",
+    "recipes/agentic",
     "model-catalog",
     "docs/model-compatibility.md",
     "docs/async-grpo.md",

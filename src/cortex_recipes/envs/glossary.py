@@ -1,0 +1,135 @@
+"""A glossary tool-use taskset on the verifiers v1 API (a mirror of verifiers' ``glossary``).
+
+Provenance: verifiers' ``environments/glossary`` (PrimeIntellect-ai/verifiers, pinned in
+recipes/agentic/tito/recipe.yaml) is git-only, so its *contract* is mirrored here, not its code
+or data:
+
+- five entities, each with one fact;
+- one function tool, ``facts_lookup(name: str) -> str``, which returns the entity's fact
+  (case- and whitespace-insensitive) or ``"no entry found"``;
+- a prompt that asks the model to look the entity up and reply with exactly what the tool
+  returns inside ``<answer></answer>`` tags, so an episode needs at least two assistant turns
+  (the call, then the answer);
+- the reward ``looked_up``: 1.0 when the fact appears (case-insensitively) in the last
+  assistant reply, else 0.0.
+
+The entities and facts below are this project's own. The classes are real verifiers v1
+objects (``vf.Taskset``, ``vf.Task``, ``vf.Toolset`` with ``@vf.tool``, ``@vf.reward``), so the
+taskset could run under a verifiers ``Env``; the TITO journey drives the same tool and reward
+directly, turn by turn, through the ``TrainClient``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import verifiers.v1 as vf
+from verifiers.v1.utils.decorators import discover_decorated
+
+TOOL_NAME = "facts_lookup"
+NOT_FOUND = "no entry found"
+
+FACTS: dict[str, str] = {
+    "ada lovelace": "wrote the first published computer program",
+    "marie curie": "won Nobel prizes in physics and chemistry",
+    "alan turing": "formalised computation with the Turing machine",
+    "grace hopper": "built the first compiler for a programming language",
+    "rosalind franklin": "imaged the structure of DNA with X-rays",
+}
+
+
+def prompt_for(entity: str) -> str:
+    return (
+        f'Use the `{TOOL_NAME}` tool to look up "{entity.title()}", then reply with exactly '
+        "what it returns inside <answer></answer> tags."
+    )
+
+
+class GlossaryToolset(vf.Toolset[vf.ToolsetConfig]):
+    TOOL_PREFIX = "facts"
+
+    @vf.tool
+    def lookup(self, name: str) -> str:
+        """Look up what a person or thing is known for."""
+        return FACTS.get(name.strip().lower(), NOT_FOUND)
+
+
+class GlossaryTaskConfig(vf.TaskConfig):
+    tools: vf.ToolsetConfig = vf.ToolsetConfig()
+
+
+class GlossaryTaskData(vf.TaskData):
+    answer: str
+    """The fact the lookup tool returns for this task's entity."""
+
+
+class GlossaryTask(vf.Task[GlossaryTaskData, vf.State, GlossaryTaskConfig]):
+    @classmethod
+    def toolsets(cls, config: GlossaryTaskConfig) -> list[vf.Toolset]:
+        return [GlossaryToolset(config.tools)]
+
+    @vf.reward(weight=1.0)
+    async def looked_up(self, trace: vf.Trace) -> float:
+        return looked_up(self.data.answer, trace.last_reply)
+
+
+class GlossaryConfig(vf.TasksetConfig):
+    task: GlossaryTaskConfig = GlossaryTaskConfig()
+
+
+class GlossaryTaskset(vf.Taskset[GlossaryTask, GlossaryConfig]):
+    def load(self) -> list[GlossaryTask]:
+        return [
+            GlossaryTask(
+                GlossaryTaskData(
+                    idx=i, name=entity.title(), prompt=prompt_for(entity), answer=fact
+                ),
+                self.config.task,
+            )
+            for i, (entity, fact) in enumerate(FACTS.items())
+        ]
+
+
+def looked_up(answer: str, last_reply: str | None) -> float:
+    """The glossary reward: the fact, case-insensitively, somewhere in the last reply."""
+    return float(answer.lower() in (last_reply or "").lower())
+
+
+def tool_specs(toolset: vf.Toolset) -> list[vf.Tool]:
+    """Function-tool declarations (``<prefix>_<name>``) for a toolset's ``@vf.tool`` methods."""
+    specs = []
+    for fn in discover_decorated(toolset, "tool"):
+        params = {}
+        for name, param in inspect.signature(fn).parameters.items():
+            if param.annotation not in (str, "str"):
+                raise TypeError(f"tool {fn.__name__}: parameter {name} must be a str")
+            params[name] = {"type": "string"}
+        specs.append(
+            vf.Tool(
+                name=f"{toolset.TOOL_PREFIX}_{getattr(fn, 'tool_name', None) or fn.__name__}",
+                description=(fn.__doc__ or "").strip(),
+                parameters={
+                    "type": "object",
+                    "properties": params,
+                    "required": list(params),
+                },
+            )
+        )
+    return specs
+
+
+def call_tool(toolset: vf.Toolset, name: str, arguments: Any) -> str:
+    """Run one tool call; a bad call is answered in-band (as a tool message), not raised."""
+    methods = {
+        f"{toolset.TOOL_PREFIX}_{getattr(fn, 'tool_name', None) or fn.__name__}": fn
+        for fn in discover_decorated(toolset, "tool")
+    }
+    if name not in methods:
+        return f"error: unknown tool {name!r}; available: {sorted(methods)}"
+    if not isinstance(arguments, dict):
+        return f"error: arguments must be an object, got {arguments!r}"
+    try:
+        return str(methods[name](**arguments))
+    except TypeError as exc:
+        return f"error: bad arguments for {name}: {exc}"

@@ -1,0 +1,128 @@
+"""Training rows for the TITO journey: tool-use demonstrations (SFT) and episodes (RL).
+
+Episodes train with the ``grpo`` processor on exactly the tokens the model sampled: the
+prediction-aligned ``loss_mask`` is the trace's ``sampled_mask`` shifted by one, so tool
+results, user text and template scaffolding are context only. Sampler logprobs become
+``old_log_probs_shifted`` on the same columns. Demonstrations use the SFT journey's library
+(renderer weights -> next-token mask -> ``causal_cross_entropy``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from cortex_training import wire
+
+from cortex_recipes.envs.glossary import FACTS, TOOL_NAME, prompt_for
+from cortex_recipes.payloads import RESPONSE_OPTIONS
+from cortex_recipes.rl.grpo import group_advantages
+from cortex_recipes.supervision import TrainOnWhat, render_supervised
+from cortex_recipes.tito.episode import Episode
+
+
+def wire_tools(tools) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "function",
+            "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+        }
+        for t in tools
+    ]
+
+
+def demonstration(entity: str) -> list[dict[str, Any]]:
+    """The conversation the warm-start teaches: call the tool, then answer with its result."""
+    fact = FACTS[entity]
+    return [
+        {"role": "user", "content": prompt_for(entity)},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_0",
+                    "type": "function",
+                    "function": {"name": TOOL_NAME, "arguments": {"name": entity.title()}},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_0", "content": fact},
+        {"role": "assistant", "content": f"<answer>{fact}</answer>"},
+    ]
+
+
+def demonstrations(tokenizer, renderer, tools) -> list:
+    """Every entity's demonstration, rendered with the tools, weights on assistant turns."""
+    return [
+        render_supervised(
+            demonstration(entity),
+            tokenizer,
+            renderer,
+            TrainOnWhat.ALL_ASSISTANT_MESSAGES,
+            tools=wire_tools(tools),
+        )
+        for entity in FACTS
+    ]
+
+
+def shifted(values: Sequence[float], width: int) -> torch.Tensor:
+    """Token-aligned values -> prediction-aligned row (column i holds token i + 1)."""
+    out = torch.zeros(width)
+    if len(values) > 1:
+        out[: len(values) - 1] = torch.tensor([float(v) for v in values[1:]])
+    return out
+
+
+def episode_frame(
+    groups: Sequence[Sequence[Episode]], pad_id: int, loss_config: dict[str, Any]
+) -> tuple[bytes, dict[str, Any]]:
+    """One grpo frame from groups of episodes of the same task (group-relative advantages)."""
+    episodes = [e for g in groups for e in g]
+    advantages = [a for g in groups for a in group_advantages([e.reward for e in g])]
+    width = max(len(e.token_ids) for e in episodes)
+    input_ids = torch.full((len(episodes), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(episodes), width)
+    old = torch.zeros(len(episodes), width)
+    for r, episode in enumerate(episodes):
+        input_ids[r, : len(episode.token_ids)] = torch.tensor(episode.token_ids)
+        mask[r] = shifted([1.0 if m else 0.0 for m in episode.sampled_mask], width)
+        old[r] = shifted(episode.logprobs, width)
+    adv = torch.tensor(advantages)[:, None] * mask
+    frame = wire.dumps(
+        {
+            "args": (),
+            "kwargs": {"input_ids": input_ids},
+            "context": {
+                "input_ids": input_ids,
+                "loss_mask": mask,
+                "advantages": adv,
+                "old_log_probs_shifted": old,
+            },
+            "processing": {
+                "loss_fn": "grpo",
+                "config": {"eps_clip": 0.2, "loss_agg_mode": "token-mean", **loss_config},
+            },
+        },
+        metadata=RESPONSE_OPTIONS,
+    )
+    stats = {
+        "reward/mean": sum(e.reward for e in episodes) / len(episodes),
+        "episodes": len(episodes),
+        "trainable_tokens": int(mask.sum()),
+        "model_turns/mean": sum(len(e.turns) for e in episodes) / len(episodes),
+        "tool_turns/mean": sum(e.tool_turns for e in episodes) / len(episodes),
+        "bridged_turns": sum(t.bridged for e in episodes for t in e.turns),
+        "overlong": sum(e.stop == "overlong" for e in episodes),
+        "mask_sha256": mask_digest(input_ids, mask),
+    }
+    return frame, stats
+
+
+def mask_digest(input_ids: torch.Tensor, mask: torch.Tensor) -> str:
+    """A short hash of the rows and their action masks, to compare runs and resumes."""
+    data = json.dumps([input_ids.tolist(), (mask > 0).int().tolist()]).encode()
+    return hashlib.sha256(data).hexdigest()[:16]
