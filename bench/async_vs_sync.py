@@ -18,8 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the recipes package
 
 DEFAULT_PROFILE = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
 ASYNC_KEYS = ("max_async_level", "max_off_policy_steps", "max_inflight_groups")
