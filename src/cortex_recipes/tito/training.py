@@ -20,7 +20,7 @@ from cortex_training import wire
 from cortex_recipes.envs.glossary import FACTS, TOOL_NAME, prompt_for
 from cortex_recipes.payloads import RESPONSE_OPTIONS
 from cortex_recipes.rl.grpo import group_advantages
-from cortex_recipes.supervision import TrainOnWhat, render_supervised
+from cortex_recipes.supervision import TrainOnWhat, next_token_mask, render_supervised
 from cortex_recipes.tito.episode import Episode
 
 
@@ -70,10 +70,11 @@ def demonstrations(tokenizer, renderer, tools) -> list:
 
 
 def shifted(values: Sequence[float], width: int) -> torch.Tensor:
-    """Token-aligned values -> prediction-aligned row (column i holds token i + 1)."""
+    """Token-aligned values -> a prediction-aligned row of ``width`` (the one shift:
+    :func:`cortex_recipes.supervision.next_token_mask`)."""
+    row = next_token_mask([float(v) for v in values])
     out = torch.zeros(width)
-    if len(values) > 1:
-        out[: len(values) - 1] = torch.tensor([float(v) for v in values[1:]])
+    out[: len(row)] = torch.tensor(row)
     return out
 
 
