@@ -154,10 +154,10 @@ async def run_episode(
                 arguments = call.arguments
             result = call_tool(toolset, call.name, arguments)
             messages.append(vf.ToolMessage(tool_call_id=call.id, content=result, name=call.name))
-    last_reply = turns[-1] and response.message.content if turns else None
+    last_reply = response.message.content if stop == "answered" else None
     episode = Episode(
         task_index=task.data.idx,
-        reward=looked_up(task.data.answer, last_reply if stop == "answered" else None),
+        reward=looked_up(task.data.answer, last_reply),
         stop=stop,
         turns=turns,
     )
