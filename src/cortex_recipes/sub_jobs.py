@@ -98,3 +98,33 @@ def build_sub_jobs(wires: Any, where: str) -> list:
     if training > 1:
         raise SubJobError(f"{where}: {training} training sub-jobs; a job holds at most one")
     return sub_jobs
+
+
+def trainer_and_sampler(
+    raw: dict[str, Any], *, model: str, learning_rate: float, batch_size: int, training: Any
+) -> list:
+    """A training sub-job and a sampling sub-job on ``model``, sharing ``raw``'s
+    ``max_seq_len``, ``n_gpus``, ``dtype`` and ``seed``; a LoRA ``training.peft_config`` is
+    given to the sampler too, so LoRA weight sync has somewhere to land."""
+    from cortex_training import SubJobConfig
+
+    common = {
+        "max_seq_len": raw["max_seq_len"],
+        "n_gpus": raw.get("n_gpus", 1),
+        "dtype": raw.get("dtype", "float32"),
+        "seed": raw.get("seed", 0),
+    }
+    training = dict(training or {})
+    lora = training.get("peft_config")
+    return [
+        SubJobConfig.training_job(
+            model,
+            optimizer={"name": "AdamW", "lr": learning_rate, "weight_decay": 0.0},
+            train_batch_size=batch_size,
+            extra_training=training or None,
+            **common,
+        ),
+        SubJobConfig.sampling_job(
+            model, extra_sampling={"peft_config": lora} if lora else None, **common
+        ),
+    ]

@@ -7,14 +7,15 @@ Field names follow prime-rl where it has one (``batch_size`` = rollouts per step
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cortex_recipes.qualify import config_hash
 from cortex_recipes.rl.policy_lag import LagConfig, LagConfigError
 from cortex_recipes.sft import ProfileError
+from cortex_recipes.sub_jobs import trainer_and_sampler
 
 _TOP = {
     "name", "description", "model", "max_seq_len", "dtype", "n_gpus", "seed", "max_steps",
@@ -44,7 +45,7 @@ class GRPOProfile:
 
     @property
     def config_hash(self) -> str:
-        return hashlib.sha256(json.dumps(self.raw, sort_keys=True).encode()).hexdigest()[:16]
+        return config_hash(self.raw)
 
     @property
     def orchestrator(self) -> dict[str, Any]:
@@ -83,31 +84,15 @@ class GRPOProfile:
         return dict(self.raw["trainer"].get("loss") or {})
 
     def sub_jobs(self) -> list:
-        """Trainer and sampler on the same model; LoRA profiles give the sampler the adapter
-        shape so LoRA weight sync has somewhere to land."""
-        from cortex_training import SubJobConfig
-
-        common = {
-            "max_seq_len": self.raw["max_seq_len"],
-            "n_gpus": self.raw.get("n_gpus", 1),
-            "dtype": self.raw.get("dtype", "float32"),
-            "seed": self.raw.get("seed", 0),
-        }
+        """Trainer and sampler on the same model (the sampler gets any LoRA shape)."""
         trainer = self.raw["trainer"]
-        training = dict(trainer.get("training") or {})
-        lora = training.get("peft_config")
-        return [
-            SubJobConfig.training_job(
-                self.raw["model"],
-                optimizer={"name": "AdamW", "lr": trainer["learning_rate"], "weight_decay": 0.0},
-                train_batch_size=self.orchestrator["batch_size"],
-                extra_training=training or None,
-                **common,
-            ),
-            SubJobConfig.sampling_job(
-                self.raw["model"], extra_sampling={"peft_config": lora} if lora else None, **common
-            ),
-        ]
+        return trainer_and_sampler(
+            self.raw,
+            model=self.raw["model"],
+            learning_rate=trainer["learning_rate"],
+            batch_size=self.orchestrator["batch_size"],
+            training=trainer.get("training"),
+        )
 
 
 def _check_keys(path: Path, where: str, value: Any, allowed: set[str], required=()) -> dict:

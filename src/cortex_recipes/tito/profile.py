@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cortex_recipes.qualify import config_hash
 from cortex_recipes.sft import ProfileError
+from cortex_recipes.sub_jobs import trainer_and_sampler
 
 _TOP = {
     "name", "description", "model", "renderer", "max_seq_len", "dtype", "n_gpus", "seed",
@@ -35,7 +36,7 @@ class TitoProfile:
 
     @property
     def config_hash(self) -> str:
-        return hashlib.sha256(json.dumps(self.raw, sort_keys=True).encode()).hexdigest()[:16]
+        return config_hash(self.raw)
 
     @property
     def warm(self) -> dict[str, Any]:
@@ -46,28 +47,13 @@ class TitoProfile:
         return self.raw["rl"]
 
     def sub_jobs(self) -> list:
-        from cortex_training import SubJobConfig
-
-        common = {
-            "max_seq_len": self.raw["max_seq_len"],
-            "n_gpus": self.raw.get("n_gpus", 1),
-            "dtype": self.raw.get("dtype", "float32"),
-            "seed": self.raw.get("seed", 0),
-        }
-        training = dict(self.raw.get("training") or {})
-        lora = training.get("peft_config")
-        return [
-            SubJobConfig.training_job(
-                self.raw["model"],
-                optimizer={"name": "AdamW", "lr": self.warm["learning_rate"], "weight_decay": 0.0},
-                train_batch_size=self.warm["batch_size"],
-                extra_training=training or None,
-                **common,
-            ),
-            SubJobConfig.sampling_job(
-                self.raw["model"], extra_sampling={"peft_config": lora} if lora else None, **common
-            ),
-        ]
+        return trainer_and_sampler(
+            self.raw,
+            model=self.raw["model"],
+            learning_rate=self.warm["learning_rate"],
+            batch_size=self.warm["batch_size"],
+            training=self.raw.get("training"),
+        )
 
 
 def _obj(path: Path, where: str, value: Any, allowed: set[str], required: set[str]) -> dict:
