@@ -25,7 +25,6 @@ from pathlib import Path
 import chz
 
 from cortex_recipes.endpoint import LOCAL, connect, sub_job_ids
-from cortex_recipes.envs.math import MathEnv
 from cortex_recipes.models import load_tokenizer
 from cortex_recipes.reconnect import is_recoverable
 from cortex_recipes.rl.checkpoint import CheckpointError, RunCheckpoints
@@ -122,21 +121,8 @@ def train(client, config, profile: GRPOProfile, run_dir, checkpoints, resume, re
     tokenizer = load_tokenizer(raw["model"])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     env_cfg = raw["env"]
-    env = MathEnv(
-        env_cfg["dataset"],
-        seed=env_cfg["seed"],
-        size=env_cfg["size"],
-        config=env_cfg.get("config"),
-        **({"instruction": env_cfg["instruction"]} if "instruction" in env_cfg else {}),
-    )
     eval_cfg = raw.get("eval", {})
-    eval_env = MathEnv(
-        env_cfg["dataset"],
-        seed=eval_cfg.get("seed", 12345),
-        size=eval_cfg.get("num_examples", 32),
-        config=env_cfg.get("config"),
-        **({"instruction": env_cfg["instruction"]} if "instruction" in env_cfg else {}),
-    )
+    env, eval_env = profile.envs()
     order = task_order(env_cfg["seed"], env.size)
     latency = config.env_latency_s if config.env_latency_s >= 0 else env_cfg.get("latency_s", 0.0)
     params = profile.sampling_params()

@@ -25,7 +25,6 @@ from pathlib import Path
 import chz
 
 from cortex_recipes.endpoint import connect, sub_job_ids
-from cortex_recipes.envs.math import MathEnv
 from cortex_recipes.models import load_tokenizer
 from cortex_recipes.rl.grpo import ScoredGroup, greedy_eval, group_seed, grpo_frame, task_order
 from cortex_recipes.rl.profile import load_grpo_profile
@@ -63,16 +62,7 @@ def main(config: Config) -> dict:
     run = RunLog(Path(config.log_path or f"runs/math_grpo/{profile.name}"), profile=raw)
     tokenizer = load_tokenizer(raw["model"])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    extra = {"config": env_cfg.get("config")}
-    if "instruction" in env_cfg:
-        extra["instruction"] = env_cfg["instruction"]
-    env = MathEnv(env_cfg["dataset"], seed=env_cfg["seed"], size=env_cfg["size"], **extra)
-    eval_env = MathEnv(
-        env_cfg["dataset"],
-        seed=eval_cfg.get("seed", 12345),
-        size=eval_cfg.get("num_examples", 32),
-        **extra,
-    )
+    env, eval_env = profile.envs()
     order = task_order(env_cfg["seed"], env.size)
     eval_tokens = eval_cfg.get("max_tokens", profile.sampling_params()["max_tokens"])
     history, evals = [], []

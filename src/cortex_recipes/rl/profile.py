@@ -80,6 +80,23 @@ class GRPOProfile:
             "top_p": s.get("top_p", 1.0),
         }
 
+    def envs(self):
+        """The training environment and the fixed eval set (same generator, the eval seed)."""
+        from cortex_recipes.envs.math import MathEnv
+
+        env_cfg, eval_cfg = self.raw["env"], self.raw.get("eval", {})
+        extra = {"config": env_cfg.get("config")}
+        if "instruction" in env_cfg:
+            extra["instruction"] = env_cfg["instruction"]
+        env = MathEnv(env_cfg["dataset"], seed=env_cfg["seed"], size=env_cfg["size"], **extra)
+        eval_env = MathEnv(
+            env_cfg["dataset"],
+            seed=eval_cfg.get("seed", 12345),
+            size=eval_cfg.get("num_examples", 32),
+            **extra,
+        )
+        return env, eval_env
+
     def loss_config(self) -> dict[str, Any]:
         return dict(self.raw["trainer"].get("loss") or {})
 
