@@ -55,10 +55,13 @@ def connect(
     connection: str = LOCAL,
     *,
     state_dir: Path | None = None,
+    device: str | None = None,
     client_options: dict[str, Any] | None = None,
 ) -> Iterator[Any]:
     """Yield a ``CortexTrainingClient`` for ``connection`` and clean up afterwards.
 
+    ``device`` places the local backend's sub-jobs (``auto``, ``cpu``, ``cuda``; None reads
+    ``$CORTEX_RECIPES_DEVICE``, default ``auto``); a hosted endpoint places its own.
     ``client_options`` go to the client (``max_retries``, ``poll_timeout``, ...).
     """
     from cortex_training import CortexTrainingClient
@@ -68,7 +71,7 @@ def connect(
     if connection == LOCAL:
         from cortex_recipes.local import LocalBackend
 
-        with LocalBackend(state_dir) as backend:
+        with LocalBackend(state_dir, device=device) as backend:
             log.info("local backend at %s (state in %s)", backend.base_url, backend.state_dir)
             client = backend.client(**options)
             try:

@@ -1,8 +1,12 @@
-"""The FastAPI app: Cortex Training REST routes over a :class:`JobManager`."""
+"""The FastAPI app: Cortex Training REST routes over a :class:`~cortex_recipes.local.backend.Backend`.
+
+Every client mistake is a 4xx whose JSON body is ``{"message", "code"}`` (the SDK reads both).
+An exception nobody anticipated is a 500 that names the operation (the route) and is logged
+with its traceback; the tests sweep malformed input to show no input class reaches it.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -11,8 +15,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from cortex_recipes.local import validation
+from cortex_recipes.local.backend import Backend
 from cortex_recipes.local.errors import BackendError
-from cortex_recipes.local.jobs import JobManager
 
 log = logging.getLogger(__name__)
 
@@ -41,20 +46,8 @@ async def _body(request: Request, limit: int) -> bytes:
     return bytes(data)
 
 
-async def _json(request: Request, limit: int) -> Any:
-    raw = await _body(request, limit)
-    if not raw:
-        return {}
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise BackendError(f"request body is not valid JSON: {exc}") from exc
-
-
-def _object(body: Any, what: str) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise BackendError(f"{what} body must be a JSON object")
-    return body
+async def _json(request: Request, limit: int, what: str) -> Any:
+    return validation.parse_json(await _body(request, limit), f"{what} body")
 
 
 def create_app(
@@ -63,10 +56,14 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     result_chunk_bytes: int = 8 * 1024 * 1024,
     threads: int | None = None,
+    device: str = "auto",
 ) -> FastAPI:
-    manager = JobManager(state_dir, result_chunk_bytes=result_chunk_bytes, threads=threads)
+    backend = Backend(
+        state_dir, device=device, threads=threads, result_chunk_bytes=result_chunk_bytes
+    )
+    registry, data_plane = backend.registry, backend.data_plane
     app = FastAPI(title="cortex-recipes local backend", docs_url=None, redoc_url=None)
-    app.state.manager = manager
+    app.state.backend = backend
 
     @app.exception_handler(BackendError)
     async def _backend_error(_: Request, exc: BackendError) -> JSONResponse:
@@ -77,13 +74,17 @@ def create_app(
         return _error(400, f"invalid request: {exc.errors()}")
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected server error")
-        return _error(500, f"internal error: {type(exc).__name__}")
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        route = request.scope.get("route")
+        operation = getattr(route, "name", None) or request.url.path
+        log.error("unexpected error in %s %s", request.method, operation, exc_info=exc)
+        return _error(
+            500, f"internal error in {operation}: {type(exc).__name__}; see the server log"
+        )
 
     @app.on_event("shutdown")
     def _shutdown() -> None:
-        manager.shutdown()
+        backend.shutdown()
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
@@ -91,36 +92,33 @@ def create_app(
 
     @app.post(PREFIX)
     async def create_job(request: Request, database: str, schema: str) -> dict[str, Any]:
-        body = await _json(request, max_body_bytes)
-        return manager.create_job(body)
+        return registry.create(await _json(request, max_body_bytes, "create-job"))
 
     @app.get(PREFIX)
     def list_jobs(database: str, schema: str, status: str | None = None) -> dict[str, Any]:
-        jobs = [manager.describe(j) for j in manager.jobs.values()]
-        if status:
-            jobs = [j for j in jobs if j["status"] == status.lower()]
-        return {"jobs": jobs}
+        return {"jobs": registry.list(status)}
 
     @app.get(PREFIX + "/capacity")
     def capacity(database: str, schema: str) -> dict[str, Any]:
+        total, in_use = registry.cuda_count, registry.gpus_in_use()
         return {
             "has_reservation": False,
-            "max_total_gpus": 0,
-            "in_use_gpus": 0,
+            "max_total_gpus": total,
+            "in_use_gpus": in_use,
             "pending_gpus": 0,
-            "available_gpus": 0,
+            "available_gpus": total - in_use,
+            "device_mode": registry.device_mode,
         }
 
     @app.get(PREFIX + "/{job_id}")
     def get_job(database: str, schema: str, job_id: str) -> dict[str, Any]:
-        return manager.describe(manager.get(job_id))
+        return registry.describe(registry.get(job_id))
 
     @app.post(PREFIX + "/{job_action}")
     def job_action(database: str, schema: str, job_action: str) -> dict[str, Any]:
         job_id, sep, action = job_action.partition(":")
         if sep and action == "cancel":
-            manager.cancel(job_id)
-            return {"job_id": job_id, "status": manager.get(job_id).status}
+            return {"job_id": job_id, "status": registry.cancel(job_id).status}
         raise BackendError(
             f"unknown job action {job_action!r}; accepted: {{job_id}}:cancel", status=405
         )
@@ -130,40 +128,40 @@ def create_app(
         request: Request, database: str, schema: str, job_id: str
     ) -> dict[str, Any]:
         data = await _body(request, max_body_bytes)
-        return manager.receive_forward_backward(job_id, data)
+        return data_plane.forward_backward(job_id, data)
 
     @app.post(PREFIX + "/{job_id}/step")
     async def step(request: Request, database: str, schema: str, job_id: str) -> dict[str, Any]:
-        return manager.step(job_id, _object(await _json(request, max_body_bytes), "step"))
+        return data_plane.step(job_id, await _json(request, max_body_bytes, "step"))
 
     @app.post(PREFIX + "/{job_id}/save")
     async def save(request: Request, database: str, schema: str, job_id: str) -> dict[str, Any]:
-        return manager.save(job_id, _object(await _json(request, max_body_bytes), "save"))
+        return data_plane.save(job_id, await _json(request, max_body_bytes, "save"))
 
     @app.post(PREFIX + "/{job_id}/load")
     async def load(request: Request, database: str, schema: str, job_id: str) -> dict[str, Any]:
-        return manager.load(job_id, _object(await _json(request, max_body_bytes), "load"))
+        return data_plane.load(job_id, await _json(request, max_body_bytes, "load"))
 
     @app.get(PREFIX + "/{job_id}/checkpoints")
     def list_checkpoints(database: str, schema: str, job_id: str) -> dict[str, Any]:
-        return {"checkpoints": manager.list_checkpoints(job_id)}
+        return {"checkpoints": data_plane.list_checkpoints(job_id)}
 
     @app.delete(PREFIX + "/{job_id}/checkpoints/{checkpoint_id}")
     def delete_checkpoint(
         database: str, schema: str, job_id: str, checkpoint_id: str
     ) -> dict[str, Any]:
-        manager.delete_checkpoint(job_id, checkpoint_id)
+        data_plane.delete_checkpoint(job_id, checkpoint_id)
         return {"job_id": job_id, "checkpoint_id": checkpoint_id, "deleted": True}
 
     @app.post(PREFIX + "/{job_id}/generate")
     async def generate(request: Request, database: str, schema: str, job_id: str) -> dict[str, Any]:
-        return manager.generate(job_id, await _body(request, max_body_bytes))
+        return data_plane.generate(job_id, await _body(request, max_body_bytes))
 
     @app.post(PREFIX + "/{job_id}/operation")
     async def operation(
         request: Request, database: str, schema: str, job_id: str
     ) -> dict[str, Any]:
-        return manager.operation(job_id, await _json(request, max_body_bytes))
+        return backend.operation(job_id, await _json(request, max_body_bytes, "operation"))
 
     @app.get(PREFIX + "/{job_id}/requests/{request_id}")
     def request_status(
@@ -174,6 +172,6 @@ def create_app(
         cursor: str | None = None,
         max_events: int | None = None,
     ) -> dict[str, Any]:
-        return manager.request_status(job_id, request_id, cursor, max_events)
+        return data_plane.request_status(job_id, request_id, cursor, max_events)
 
     return app

@@ -1,10 +1,24 @@
-"""Checkpoint and weight files of the local backend: safetensors and JSON only, never pickle."""
+"""Checkpoints and weight files of the local backend: the on-disk layout and the server's store.
+
+Layout of one checkpoint: ``<state>/jobs/<job>/checkpoints/cp_<32 hex>/global_step<N>/``, a
+directory that standard tools load as it is:
+- full weights: a Hugging Face model directory (``config.json``, ``model.safetensors``,
+  ``generation_config.json`` when the model has one, tokenizer files), loadable with
+  ``AutoModelForCausalLM.from_pretrained``;
+- LoRA: a PEFT adapter directory (``adapter_config.json``, ``adapter_model.safetensors``,
+  tokenizer files), loadable with ``PeftModel.from_pretrained(base, dir)``;
+- always ``meta.json`` (id, type, global steps, model name, LoRA config) and, for resumable
+  checkpoints, ``optimizer.dssst1`` and ``rng.dssst1``.
+Only safetensors and JSON are written or read: nothing is ever pickled. A checkpoint is staged
+in a temporary directory and renamed into place, so a listed checkpoint is always complete.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -12,22 +26,37 @@ import torch
 from cortex_training import wire
 from safetensors.torch import load_file, save_file
 
+from cortex_recipes.local.errors import Conflict, NotFound
+
 META = "meta.json"
 FULL_WEIGHTS = "model.safetensors"
-ADAPTER_WEIGHTS = "adapter.safetensors"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+# Checkpoints written before the PEFT layout named the adapter file this; still readable.
+LEGACY_ADAPTER_WEIGHTS = "adapter.safetensors"
 OPTIMIZER_STATE = "optimizer.dssst1"
+RNG_STATE = "rng.dssst1"
 
 
-def lora_module_names(model) -> list[str]:
-    return [name for name, module in model.named_modules() if hasattr(module, "lora_A")]
+# -- weights ------------------------------------------------------------------------------------
+
+
+def base_model(model):
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor that shares nothing with the model (a GPU tensor is copied once)."""
+    tensor = tensor.detach()
+    return tensor.cpu() if tensor.device.type != "cpu" else tensor.clone()
 
 
 def full_state_dict(model) -> dict[str, torch.Tensor]:
-    """Plain (merged) weights of ``model``; LoRA deltas are folded in without mutating it."""
+    """Plain (merged) weights of ``model`` on the CPU; LoRA deltas are folded in without
+    mutating the model."""
     from peft import PeftModel
 
     if not isinstance(model, PeftModel):
-        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return {k: _host_copy(v) for k, v in model.state_dict().items()}
     base = model.get_base_model()
     deltas = {}
     for name, module in base.named_modules():
@@ -38,10 +67,10 @@ def full_state_dict(model) -> dict[str, torch.Tensor]:
         if ".lora_" in key:
             continue
         plain = key.replace(".base_layer.", ".")
-        tensor = value.detach().clone()
+        tensor = value.detach()
         if plain in deltas:
             tensor = tensor + deltas[plain].to(tensor.dtype)
-        out[plain] = tensor
+        out[plain] = _host_copy(tensor)
     return out
 
 
@@ -56,8 +85,8 @@ def save_full_weights(model, path: Path) -> None:
     save_file(_dedupe_tied(full_state_dict(model), base_model(model)), str(path))
 
 
-def base_model(model):
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
+def _device_of(model) -> str:
+    return str(next(model.parameters()).device)
 
 
 def load_full_weights(model, path: Path) -> None:
@@ -66,7 +95,7 @@ def load_full_weights(model, path: Path) -> None:
         raise ValueError(
             "full weights cannot be loaded into a LoRA sub-job; sync with weight_format='lora'"
         )
-    state = load_file(str(path))
+    state = load_file(str(path), device=_device_of(model))
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = getattr(model.config, "tie_word_embeddings", False)
     missing = [k for k in missing if not (tied and k == "lm_head.weight")]
@@ -80,7 +109,7 @@ def save_adapter(model, path: Path) -> None:
     from peft import get_peft_model_state_dict
 
     state = get_peft_model_state_dict(model)
-    save_file({k: v.detach().contiguous() for k, v in state.items()}, str(path))
+    save_file({k: _host_copy(v).contiguous() for k, v in state.items()}, str(path))
 
 
 def load_adapter(model, path: Path) -> None:
@@ -88,25 +117,80 @@ def load_adapter(model, path: Path) -> None:
 
     if not hasattr(model, "peft_config"):
         raise ValueError("LoRA weights need a sub-job created with a peft_config")
-    result = set_peft_model_state_dict(model, load_file(str(path)))
+    result = set_peft_model_state_dict(model, load_file(str(path), device=_device_of(model)))
     unexpected = getattr(result, "unexpected_keys", [])
     if unexpected:
         raise ValueError(f"LoRA weights do not match the adapter: unexpected={unexpected[:5]}")
 
 
+def adapter_file(directory: Path) -> Path:
+    path = directory / ADAPTER_WEIGHTS
+    return path if path.exists() else directory / LEGACY_ADAPTER_WEIGHTS
+
+
+# -- optimizer and RNG ------------------------------------------------------------------------------
+
+
 def save_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
     state = optimizer.state_dict()
     encoded = {
-        "state": {str(k): dict(v) for k, v in state["state"].items()},
+        "state": {
+            str(k): {name: _host_copy(v) if torch.is_tensor(v) else v for name, v in s.items()}
+            for k, s in state["state"].items()
+        },
         "param_groups": state["param_groups"],
     }
     path.write_bytes(wire.dumps(encoded))
 
 
 def load_optimizer(optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """Load AdamW state; ``load_state_dict`` moves each tensor to its parameter's device."""
     decoded = wire.loads(path.read_bytes())
     state = {int(k): v for k, v in decoded["state"].items()}
     optimizer.load_state_dict({"state": state, "param_groups": decoded["param_groups"]})
+
+
+def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng(state: dict[str, torch.Tensor], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+# -- one checkpoint directory ------------------------------------------------------------------------
+
+
+def write_checkpoint(
+    directory: Path,
+    *,
+    model,
+    tokenizer,
+    meta: dict[str, Any],
+    optimizer: torch.optim.Optimizer | None = None,
+    device: torch.device | None = None,
+) -> None:
+    """Write a complete checkpoint into the empty ``directory`` (the caller publishes it)."""
+    if meta.get("lora"):
+        save_adapter(model, directory / ADAPTER_WEIGHTS)
+        model.peft_config["default"].save_pretrained(str(directory))
+    else:
+        save_full_weights(model, directory / FULL_WEIGHTS)
+        plain = base_model(model)
+        plain.config.save_pretrained(str(directory))
+        generation = getattr(plain, "generation_config", None)
+        if generation is not None:
+            generation.save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    if optimizer is not None:
+        save_optimizer(optimizer, directory / OPTIMIZER_STATE)
+        (directory / RNG_STATE).write_bytes(wire.dumps(rng_state(device or torch.device("cpu"))))
+    write_meta(directory, meta)
 
 
 def write_meta(directory: Path, meta: dict[str, Any]) -> None:
@@ -122,3 +206,68 @@ def atomic_publish(tmp: Path, final: Path) -> None:
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
+
+
+# -- the server's store --------------------------------------------------------------------------------
+
+
+class CheckpointStore:
+    """Where each job's checkpoints live under the state directory; ids are checked by the
+    caller (:mod:`cortex_recipes.local.validation`) before they reach a path."""
+
+    def __init__(self, state_dir: Path):
+        self.state_dir = Path(state_dir)
+
+    def root(self, job_id: str, checkpoint_id: str) -> Path:
+        return self.state_dir / "jobs" / job_id / "checkpoints" / checkpoint_id
+
+    def exists(self, job_id: str, checkpoint_id: str) -> bool:
+        return self.root(job_id, checkpoint_id).exists()
+
+    def directory(self, job_id: str, checkpoint_id: str) -> Path:
+        """The newest complete ``global_step<N>`` directory of a checkpoint."""
+        steps = sorted(self.root(job_id, checkpoint_id).glob(f"global_step*/{META}"))
+        if not steps:
+            raise NotFound(f"checkpoint {checkpoint_id} not found in job {job_id}")
+        return steps[-1].parent
+
+    def reserve(self, job_id: str, checkpoint_id: str) -> Path:
+        """A fresh staging directory for a new checkpoint; 409 if the id is taken."""
+        root = self.root(job_id, checkpoint_id)
+        root.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            root.mkdir()
+        except FileExistsError as exc:
+            raise Conflict(
+                f"checkpoint_id={checkpoint_id!r} already exists in job {job_id}; "
+                "pick a new id or omit it",
+                code="checkpoint_exists",
+            ) from exc
+        return Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
+
+    def publish(self, staging: Path, global_steps: int) -> Path:
+        final = staging.parent / f"global_step{global_steps}"
+        atomic_publish(staging, final)
+        return final
+
+    def discard(self, job_id: str, checkpoint_id: str) -> None:
+        shutil.rmtree(self.root(job_id, checkpoint_id), ignore_errors=True)
+
+    def list(self, job_id: str) -> list[dict[str, Any]]:
+        out = []
+        checkpoints = self.state_dir / "jobs" / job_id / "checkpoints"
+        for meta_path in sorted(checkpoints.glob(f"cp_*/global_step*/{META}")):
+            meta = read_meta(meta_path.parent)
+            out.append(
+                {
+                    "checkpoint_id": meta["checkpoint_id"],
+                    "checkpoint_type": meta["checkpoint_type"],
+                    "global_steps": meta["global_steps"],
+                    "created_at": meta["created_at"],
+                    "stage_path": f"{meta_path.parent.as_posix()}/",
+                }
+            )
+        return sorted(out, key=lambda c: c["created_at"])
+
+    def delete(self, job_id: str, checkpoint_id: str) -> None:
+        shutil.rmtree(self.directory(job_id, checkpoint_id).parent)

@@ -2,21 +2,18 @@
 
 Logprobs are taken from the model's unscaled distribution (before temperature and top-p), which
 is what a trainer computes for the same ids; this matches vLLM's ``raw_logprobs`` mode.
+
+Everything runs on the model's device, per-row generators included (a generator must live on
+the device whose tensors it samples). Parameters arrive validated
+(:func:`cortex_recipes.local.validation.parse_sampling_params`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-
-from cortex_recipes.local.errors import BackendError
-
-_PARAM_KEYS = {
-    "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids",
-    "logprobs", "ignore_eos", "include_stop_str_in_output", "n", "skip_special_tokens",
-}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -33,59 +30,18 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
 
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
-def parse_sampling_params(raw: Any, where: str = "sampling_params") -> SamplingParams:
-    if raw is None:
-        return SamplingParams()
-    if not isinstance(raw, dict):
-        raise BackendError(f"{where} must be an object")
-    unknown = set(raw) - _PARAM_KEYS
-    if unknown:
-        raise BackendError(
-            f"{where} has unknown keys {sorted(unknown)}; accepted: {', '.join(sorted(_PARAM_KEYS))}"
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SamplingParams:
+        return cls(
+            **{
+                **data,
+                "stop": tuple(data.get("stop") or ()),
+                "stop_token_ids": tuple(data.get("stop_token_ids") or ()),
+            }
         )
-    if raw.get("n", 1) != 1:
-        raise BackendError(f"{where}.n={raw.get('n')!r}: send a prompt n times for n samples")
-
-    def integer(key: str, default, minimum: int):
-        value = raw.get(key, default)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise BackendError(f"{where}.{key}={value!r} must be an integer >= {minimum}")
-        return value
-
-    def number(key: str, default: float, lo: float, hi: float | None = None) -> float:
-        value = raw.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value:
-            raise BackendError(f"{where}.{key}={value!r} must be a number >= {lo}")
-        if hi is not None and value > hi:
-            raise BackendError(f"{where}.{key}={value!r} must be <= {hi}")
-        return float(value)
-
-    stop = raw.get("stop") or []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise BackendError(f"{where}.stop={stop!r} must be a string or a list of non-empty strings")
-    stop_ids = raw.get("stop_token_ids") or []
-    if not isinstance(stop_ids, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) for t in stop_ids
-    ):
-        raise BackendError(f"{where}.stop_token_ids={stop_ids!r} must be a list of integers")
-    return SamplingParams(
-        max_tokens=integer("max_tokens", 16, 1),
-        temperature=number("temperature", 1.0, 0.0),
-        top_p=number("top_p", 1.0, 0.0, 1.0) or 1.0,
-        top_k=integer("top_k", 0, -1) or 0,
-        seed=integer("seed", None, 0),
-        stop=tuple(stop),
-        stop_token_ids=tuple(stop_ids),
-        logprobs=integer("logprobs", None, 0),
-        ignore_eos=bool(raw.get("ignore_eos", False)),
-        include_stop_str_in_output=bool(raw.get("include_stop_str_in_output", False)),
-        skip_special_tokens=bool(raw.get("skip_special_tokens", True)),
-    )
 
 
 def _filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -120,24 +76,14 @@ class _Row:
         self.text_cut: int | None = None
         self.done = False
 
-    def advance(self, logits: torch.Tensor) -> int:
-        """Choose the next token from this row's logits; record it; update the stop state."""
+    def record(self, token: int, logprob: float | None, top: list[tuple[float, int]]) -> None:
+        """Append the chosen token (and its logprobs); update the stop state."""
         params = self.params
-        raw_logprobs = torch.log_softmax(logits, dim=-1)
-        if params.temperature == 0.0:
-            token = int(torch.argmax(logits))
-        else:
-            probs = torch.softmax(_filter_logits(logits, params), dim=-1)
-            token = int(torch.multinomial(probs, 1, generator=self.generator))
         self.out_ids.append(token)
         if params.logprobs is not None:
-            entry = {str(token): {"logprob": float(raw_logprobs[token])}}
-            if params.logprobs > 0:
-                top = torch.topk(raw_logprobs, params.logprobs)
-                for rank, (lp, tid) in enumerate(
-                    zip(top.values.tolist(), top.indices.tolist(), strict=True)
-                ):
-                    entry.setdefault(str(tid), {"logprob": float(lp)})["rank"] = rank + 1
+            entry = {str(token): {"logprob": logprob}}
+            for rank, (lp, tid) in enumerate(top):
+                entry.setdefault(str(tid), {"logprob": lp})["rank"] = rank + 1
             self.out_logprobs.append(entry)
         if token in self.stop_ids:
             self.finish_reason, self.stop_reason, self.done = "stop", token, True
@@ -152,7 +98,6 @@ class _Row:
                 self.finish_reason, self.stop_reason, self.done = "stop", s, True
         if len(self.out_ids) >= params.max_tokens:
             self.done = True
-        return token
 
     def result(self) -> dict[str, Any]:
         text = self.tokenizer.decode(
@@ -172,6 +117,41 @@ class _Row:
         return result
 
 
+def _advance(rows: list[_Row], logits: torch.Tensor) -> list[int]:
+    """Choose each row's next token from ``logits`` ([rows, vocab], fp32) and record it.
+
+    Device work is batched so that one step costs a few host syncs, not a few per row: greedy
+    rows share one argmax, sampled rows draw from their own generators, and the chosen ids and
+    their logprobs come back to the host in one transfer each.
+    """
+    tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
+    greedy = [i for i, row in enumerate(rows) if row.params.temperature == 0.0]
+    if greedy:
+        tokens[greedy] = torch.argmax(logits[greedy], dim=-1)
+    for i, row in enumerate(rows):
+        if row.params.temperature != 0.0:
+            probs = torch.softmax(_filter_logits(logits[i], row.params), dim=-1)
+            tokens[i] = torch.multinomial(probs, 1, generator=row.generator)[0]
+    wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
+    chosen: dict[int, float] = {}
+    tops: dict[int, list[tuple[float, int]]] = {}
+    if wanted:
+        raw = torch.log_softmax(logits[wanted], dim=-1)
+        picked = raw.gather(-1, tokens[wanted].unsqueeze(-1)).squeeze(-1).tolist()
+        chosen = dict(zip(wanted, picked, strict=True))
+        k = max(rows[i].params.logprobs or 0 for i in wanted)
+        if k > 0:
+            top = torch.topk(raw, k)
+            values, indices = top.values.tolist(), top.indices.tolist()
+            for j, i in enumerate(wanted):
+                n = rows[i].params.logprobs or 0
+                tops[i] = list(zip(values[j][:n], indices[j][:n], strict=True))
+    ids = tokens.tolist()
+    for i, row in enumerate(rows):
+        row.record(ids[i], chosen.get(i), tops.get(i, []))
+    return ids
+
+
 @torch.no_grad()
 def generate_one(
     model,
@@ -189,7 +169,7 @@ def generate_one(
     while not row.done:
         outputs = model(input_ids=inputs, past_key_values=past, use_cache=True)
         past = outputs.past_key_values
-        token = row.advance(outputs.logits[0, -1].float())
+        (token,) = _advance([row], outputs.logits[:, -1].float())
         inputs = torch.tensor([[token]], dtype=torch.long, device=device)
     return row.result()
 
@@ -217,7 +197,7 @@ def generate_batch(
     inputs = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
     attention = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
     for i, prompt in enumerate(prompts):
-        inputs[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        inputs[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long, device=device)
         attention[i, width - len(prompt) :] = 1
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     past = None
@@ -231,7 +211,10 @@ def generate_batch(
         )
         past = outputs.past_key_values
         logits = outputs.logits[:, -1].float()
-        step = [row.advance(logits[i]) if not row.done else pad_id for i, row in enumerate(rows)]
+        live = [i for i, row in enumerate(rows) if not row.done]
+        step = [pad_id] * len(rows)
+        for i, token in zip(live, _advance([rows[i] for i in live], logits[live]), strict=True):
+            step[i] = token
         inputs = torch.tensor([[t] for t in step], dtype=torch.long, device=device)
         attention = torch.cat([attention, torch.ones_like(inputs)], dim=1)
         positions = positions[:, -1:] + 1

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import requests
 
+from cortex_recipes.local.devices import DEVICE_ENV, DEVICE_MODES, device_mode
+
 log = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
@@ -38,6 +40,7 @@ def serve(
     threads: int | None = None,
     max_body_bytes: int | None = None,
     result_chunk_bytes: int | None = None,
+    device: str = "auto",
 ) -> None:
     import uvicorn
 
@@ -56,6 +59,7 @@ def serve(
     app = create_app(
         state_dir,
         threads=threads,
+        device=device,
         **({"max_body_bytes": max_body_bytes} if max_body_bytes else {}),
         **({"result_chunk_bytes": result_chunk_bytes} if result_chunk_bytes else {}),
     )
@@ -69,13 +73,15 @@ def serve(
     try:
         server.run(sockets=[sock])
     finally:
-        app.state.manager.shutdown()
+        app.state.backend.shutdown()
 
 
 class LocalBackend:
     """A local backend in a child process; use as a context manager.
 
     ``base_url``, ``database`` and ``schema`` are what ``CortexTrainingClient`` needs.
+    ``device`` is ``auto`` (a GPU when CUDA is visible and the sub-job asks for one), ``cpu``
+    or ``cuda``; None reads ``$CORTEX_RECIPES_DEVICE`` (default ``auto``).
     """
 
     def __init__(
@@ -87,7 +93,9 @@ class LocalBackend:
         log_path: Path | None = None,
         max_body_bytes: int | None = None,
         result_chunk_bytes: int | None = None,
+        device: str | None = None,
     ):
+        self.device = device_mode(device)
         self.max_body_bytes = max_body_bytes
         self.result_chunk_bytes = result_chunk_bytes
         self._tmp = None
@@ -119,6 +127,8 @@ class LocalBackend:
             str(ready),
             "--exit-with-parent",
             str(os.getpid()),
+            "--device",
+            self.device,
         ]
         if self.threads:
             cmd += ["--threads", str(self.threads)]
@@ -225,6 +235,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="results larger than this are delivered as result_chunk events (default 8 MiB)",
     )
     parser.add_argument(
+        "--device",
+        choices=DEVICE_MODES,
+        default=None,
+        help=f"where sub-jobs run: auto (a GPU when CUDA is visible and the sub-job asks for "
+        f"n_gpus >= 1), cpu, or cuda (fails job creation without CUDA); default: ${DEVICE_ENV} "
+        f"or auto",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -258,6 +276,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             threads=args.threads,
             max_body_bytes=args.max_body_bytes,
             result_chunk_bytes=args.result_chunk_bytes,
+            device=device_mode(args.device),
         )
     return 0
 

@@ -1,12 +1,15 @@
-"""Validation of create-job bodies: sub-job configs, optimizer blocks and LoRA configs.
+"""Create-job bodies -> typed sub-job specs, and the worker spec the server hands a worker.
 
 Runs in the server before any worker starts, so a bad config is a 400 that names the field.
+:class:`WorkerSpec` is the one typed contract between the server side and ``worker.py``: the
+server writes it as JSON, the worker reads it back with :meth:`WorkerSpec.from_json`.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from cortex_recipes.local.errors import BackendError
@@ -14,8 +17,19 @@ from cortex_recipes.local.errors import BackendError
 JOB_TYPES = ("training", "sampling", "log_probability")
 SUB_JOB_SEGMENT = {"training": "training", "sampling": "sampling", "log_probability": "log_prob"}
 DTYPES = ("float32", "bfloat16", "float16")
-CHECKPOINT_ID_RE = re.compile(r"^cp_[0-9a-f]{32}$")
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+# Patterns are matched with ``fullmatch`` (a ``$`` anchor would accept a trailing newline).
+CHECKPOINT_ID_RE = re.compile(r"cp_[0-9a-f]{32}")
+JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+# A model name is a hub id, a fixture name or a directory path; longer ones are not names.
+MAX_MODEL_NAME_CHARS = 512
+# torch seeds are 64-bit; anything outside [0, 2**64) cannot seed a generator.
+MAX_SEED = 2**64 - 1
+# No optimizer this backend runs is sane above a learning rate of 1.0 (a typo, not a choice).
+MAX_LEARNING_RATE = 1.0
+
+# The longest sequence a sub-job may declare; far above any journey, low enough that a typo
+# does not size buffers for it.
+MAX_SEQ_LEN = 1 << 20
 
 _ADAMW_KEYS = {"name", "type", "lr", "weight_decay", "betas", "beta1", "beta2", "eps", "fused"}
 _SCHEDULER_KEYS = {"lr_scheduler", "scheduler", "warmup_steps", "warmup_ratio", "lr_decay"}
@@ -54,19 +68,50 @@ class SubJobSpec:
     sub_job_id: str
     job_type: str
     model_name: str
-    dtype: str
+    dtype: str | None  # None: bfloat16 on a GPU, float32 on the CPU (devices.resolve_dtype)
     seed: int
     max_seq_len: int
+    n_gpus: int
     raw: dict[str, Any]
     optimizer: OptimizerSpec | None = None
     gradient_clipping: float | None = None
     load_optimizer_states: bool = True
     lora: LoraSpec | None = None
     source_checkpoint: dict[str, str] | None = None
-    ignored_keys: list[str] = field(default_factory=list)
 
     def to_wire(self) -> dict[str, Any]:
         return {"sub_job_id": self.sub_job_id, **self.raw}
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker process needs to build its sub-job; JSON both ways."""
+
+    job_id: str
+    sub_job_id: str
+    job_type: str
+    model_name: str
+    dtype: str
+    device: str  # "cpu" or "cuda:<i>" in the server's numbering
+    seed: int
+    max_seq_len: int
+    threads: int
+    lora: dict[str, Any] | None = None
+    optimizer: dict[str, Any] | None = None
+    gradient_clipping: float | None = None
+    load_optimizer_states: bool = True
+    source_checkpoint_dir: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerSpec:
+        data = json.loads(text)
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"worker spec has unknown keys {sorted(unknown)}")
+        return cls(**data)
 
 
 def _positive_int(value: Any, where: str) -> int:
@@ -75,12 +120,38 @@ def _positive_int(value: Any, where: str) -> int:
     return value
 
 
-def _finite(value: Any, where: str, *, minimum: float | None = None) -> float:
+def _finite(
+    value: Any, where: str, *, minimum: float | None = None, maximum: float | None = None
+) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        raise BackendError(f"{where}={value!r} must be a number")
+        raise BackendError(f"{where}={abridge(value)} must be a number")
+    if value in (float("inf"), float("-inf")):
+        raise BackendError(f"{where}={value!r} must be finite")
     if minimum is not None and value < minimum:
-        raise BackendError(f"{where}={value!r} must be >= {minimum}")
+        raise BackendError(f"{where}={abridge(value)} must be >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise BackendError(f"{where}={abridge(value)} must be <= {maximum}")
     return float(value)
+
+
+def abridge(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error messages."""
+    try:
+        text = repr(value)
+    except Exception:  # a repr that fails must not turn a 400 into a 500
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def learning_rate(value: Any, where: str) -> float:
+    """A learning rate in [0, MAX_LEARNING_RATE]."""
+    return _finite(value, where, minimum=0.0, maximum=MAX_LEARNING_RATE)
+
+
+def seed_value(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
+        raise BackendError(f"{where}={abridge(value)} must be an integer in [0, 2**64)")
+    return value
 
 
 def parse_optimizer(block: Any, where: str) -> OptimizerSpec:
@@ -108,9 +179,12 @@ def parse_optimizer(block: Any, where: str) -> OptimizerSpec:
     if not isinstance(betas, list | tuple) or len(betas) != 2:
         raise BackendError(f"{where}.betas={betas!r} must be a pair of numbers")
     return OptimizerSpec(
-        lr=_finite(block["lr"], f"{where}.lr", minimum=0.0),
+        lr=learning_rate(block["lr"], f"{where}.lr"),
         weight_decay=_finite(block.get("weight_decay", 0.0), f"{where}.weight_decay", minimum=0.0),
-        betas=(_finite(betas[0], f"{where}.betas[0]"), _finite(betas[1], f"{where}.betas[1]")),
+        betas=(
+            _finite(betas[0], f"{where}.betas[0]", minimum=0.0, maximum=0.999999),
+            _finite(betas[1], f"{where}.betas[1]", minimum=0.0, maximum=0.999999),
+        ),
         eps=_finite(block.get("eps", 1e-8), f"{where}.eps", minimum=0.0),
     )
 
@@ -161,12 +235,15 @@ def parse_sub_jobs(job_id: str, configs: Any) -> list[SubJobSpec]:
         model_name = cfg.get("model_name")
         if not isinstance(model_name, str) or not model_name:
             raise BackendError(f"{where}.model_name is required")
-        dtype = cfg.get("dtype") or "float32"
-        if dtype not in DTYPES:
-            raise BackendError(f"{where}.dtype={dtype!r}; accepted: {', '.join(DTYPES)}")
-        seed = cfg.get("seed", 0)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise BackendError(f"{where}.seed={seed!r} must be an integer")
+        if len(model_name) > MAX_MODEL_NAME_CHARS or "\x00" in model_name:
+            raise BackendError(
+                f"{where}.model_name={abridge(model_name)} is not a model name "
+                f"(at most {MAX_MODEL_NAME_CHARS} characters, no NUL)"
+            )
+        dtype = cfg.get("dtype")
+        if dtype is not None and dtype not in DTYPES:
+            raise BackendError(f"{where}.dtype={abridge(dtype)}; accepted: {', '.join(DTYPES)}")
+        seed = seed_value(cfg.get("seed", 0), f"{where}.seed")
         index = counts[job_type]
         counts[job_type] += 1
         spec = SubJobSpec(
@@ -176,6 +253,7 @@ def parse_sub_jobs(job_id: str, configs: Any) -> list[SubJobSpec]:
             dtype=dtype,
             seed=seed,
             max_seq_len=0,
+            n_gpus=0,
             raw=dict(cfg),
         )
         key, other = (
@@ -189,7 +267,11 @@ def parse_sub_jobs(job_id: str, configs: Any) -> list[SubJobSpec]:
         if other in cfg:
             raise BackendError(f"{where} has both training_config and inference_config")
         spec.max_seq_len = _positive_int(block.get("max_seq_len"), f"{where}.{key}.max_seq_len")
-        _positive_int(block.get("n_gpus"), f"{where}.{key}.n_gpus")
+        if spec.max_seq_len > MAX_SEQ_LEN:
+            raise BackendError(
+                f"{where}.{key}.max_seq_len={spec.max_seq_len} is above {MAX_SEQ_LEN}"
+            )
+        spec.n_gpus = _positive_int(block.get("n_gpus"), f"{where}.{key}.n_gpus")
         spec.lora = parse_lora(block.get("peft_config"), f"{where}.{key}.peft_config")
         if job_type == "training":
             _positive_int(block.get("train_batch_size"), f"{where}.{key}.train_batch_size")
@@ -203,10 +285,19 @@ def parse_sub_jobs(job_id: str, configs: Any) -> list[SubJobSpec]:
         if source is not None:
             if not isinstance(source, dict) or not isinstance(source.get("checkpoint_id"), str):
                 raise BackendError(f"{where}.source_checkpoint_info needs a checkpoint_id")
-            spec.source_checkpoint = {
-                "checkpoint_id": source["checkpoint_id"],
-                "source_job_id": source.get("source_job_id") or job_id,
-            }
+            checkpoint_id = source["checkpoint_id"]
+            source_job = source.get("source_job_id") or job_id
+            if not CHECKPOINT_ID_RE.fullmatch(checkpoint_id):
+                raise BackendError(
+                    f"{where}.source_checkpoint_info.checkpoint_id={abridge(checkpoint_id)} "
+                    "is not a checkpoint id (cp_<32 hex>)"
+                )
+            if not isinstance(source_job, str) or not JOB_ID_RE.fullmatch(source_job):
+                raise BackendError(
+                    f"{where}.source_checkpoint_info.source_job_id={abridge(source_job)} "
+                    "is not a job id"
+                )
+            spec.source_checkpoint = {"checkpoint_id": checkpoint_id, "source_job_id": source_job}
         specs.append(spec)
     if counts["training"] > 1:
         raise BackendError("at most one training sub-job is supported per job")

@@ -1,22 +1,28 @@
-"""A sub-job's worker process: one model, one command at a time, results as DSSST1 frames.
+"""A sub-job's worker process: one model on one device, one command at a time.
 
 Started by the server as ``python -m cortex_recipes.local.worker --fd N --spec FILE``; talks
 over the inherited socket with :mod:`cortex_recipes.local.protocol`. A command that fails
 returns an error message and leaves the worker ready for the next one.
+
+Invariants:
+- The model lives on the spec's device (a GPU worker sees only its own GPU, as ``cuda:0``).
+  Frame tensors are moved there once on receipt; results go back to the CPU before they are
+  encoded, so the wire never carries device tensors.
+- Requests arrive validated by the server (:mod:`cortex_recipes.local.validation`): the header
+  carries the normalised processing block or sampling rows, and the worker trusts them.
+- Before a model is moved to a GPU the worker checks that it fits; a sub-job that does not fit
+  fails to start with a message naming the sub-job, the model and the memory it needs.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
-import shutil
 import socket
 import sys
-import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,50 +33,85 @@ from cortex_training import wire
 from cortex_recipes.local import checkpoints, processors
 from cortex_recipes.local.errors import BackendError
 from cortex_recipes.local.protocol import ConnectionClosed, recv_message, send_message
-from cortex_recipes.local.sampling import (
-    SamplingParams,
-    generate_batch,
-    generate_one,
-    parse_sampling_params,
-)
+from cortex_recipes.local.sampling import SamplingParams, generate_batch, generate_one
+from cortex_recipes.local.specs import WorkerSpec
+from cortex_recipes.local.validation import GenerateRow, Processing, frame_temperature
 
 log = logging.getLogger("cortex_recipes.local.worker")
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+GIB = 1024**3
+# AdamW keeps two fp32 moments per trainable parameter, plus its gradient.
+TRAINING_BYTES_PER_TRAINABLE = 4 + 4 + 4
+# Headroom for activations and the allocator, as a fraction of the weights (checked, not exact).
+ACTIVATION_HEADROOM = 0.2
 
-def _dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+def to_device(value: Any, device: torch.device) -> Any:
+    """``value`` with every tensor in it moved to ``device`` (once, on receipt)."""
+    if torch.is_tensor(value):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, dict):
+        return {k: to_device(v, device) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(to_device(v, device) for v in value)
+    return value
+
+
+def to_host(value: Any) -> Any:
+    """``value`` with every tensor in it on the CPU, ready for ``wire.dumps``."""
+    if torch.is_tensor(value):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: to_host(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(to_host(v) for v in value)
+    return value
+
+
+def memory_needed(model, training: bool) -> int:
+    """Bytes a sub-job needs on its device: weights, plus gradients and AdamW state for
+    training, plus headroom for activations."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad) if training else 0
+    return int(weights * (1 + ACTIVATION_HEADROOM) + trainable * TRAINING_BYTES_PER_TRAINABLE)
 
 
 class Worker:
     """State and commands of one sub-job."""
 
-    def __init__(self, spec: dict[str, Any]):
+    def __init__(self, spec: WorkerSpec):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from cortex_recipes.models import resolve_model_path
 
         self.spec = spec
-        self.job_id = spec["job_id"]
-        self.job_type = spec["job_type"]
-        torch.manual_seed(spec["seed"])
-        self.generator = torch.Generator().manual_seed(spec["seed"])
-        path = resolve_model_path(spec["model_name"])
+        self.job_id = spec.job_id
+        self.job_type = spec.job_type
+        # A GPU worker is started with only its GPU visible, so it is always cuda:0 here.
+        self.device = torch.device("cpu" if spec.device == "cpu" else "cuda:0")
+        torch.manual_seed(spec.seed)
+        if self.device.type == "cuda":
+            torch.cuda.manual_seed(spec.seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(spec.seed)
+        path = resolve_model_path(spec.model_name)
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=_dtype(spec["dtype"]), local_files_only=True
+            path, dtype=DTYPES[spec.dtype], local_files_only=True
         )
-        source = spec.get("source_checkpoint_dir")
+        source = Path(spec.source_checkpoint_dir) if spec.source_checkpoint_dir else None
         if source and self.job_type != "training":
-            model = self._apply_checkpoint_for_inference(model, Path(source))
-        lora = spec.get("lora")
-        if lora and not hasattr(model, "peft_config"):
+            model = self._apply_checkpoint_for_inference(model, source)
+        if spec.lora and not hasattr(model, "peft_config"):
             from peft import LoraConfig, get_peft_model
 
             model = get_peft_model(
-                model,
-                LoraConfig(task_type="CAUSAL_LM", bias="none", **lora),
+                model, LoraConfig(task_type="CAUSAL_LM", bias="none", **spec.lora)
             )
-        self.model = model
+        if self.job_type != "training":
+            for p in model.parameters():
+                p.requires_grad_(False)
+        self.model = self._place(model)
         self.eos_ids = self._eos_ids()
         self.pad_id = (
             self.tokenizer.pad_token_id
@@ -79,10 +120,9 @@ class Worker:
         )
         self.global_steps = 0
         self.optimizer = None
-        self.pending_backward = 0
         if self.job_type == "training":
             self.model.train()
-            opt = spec["optimizer"]
+            opt = spec.optimizer or {}
             params = [p for p in self.model.parameters() if p.requires_grad]
             self.optimizer = torch.optim.AdamW(
                 params,
@@ -92,25 +132,41 @@ class Worker:
                 weight_decay=opt["weight_decay"],
             )
             if source:
-                self._load_checkpoint(Path(source), spec.get("load_optimizer_states", True))
+                self._load_checkpoint(source, spec.load_optimizer_states)
         else:
             self.model.eval()
-            for p in self.model.parameters():
-                p.requires_grad_(False)
 
     # -- set-up helpers ---------------------------------------------------------------------
 
+    def _place(self, model):
+        if self.device.type == "cpu":
+            return model
+        needed = memory_needed(model, self.job_type == "training")
+        free, total = torch.cuda.mem_get_info(self.device)
+        if needed > free:
+            raise BackendError(
+                f"sub-job {self.spec.sub_job_id} (model {self.spec.model_name}, "
+                f"{self.spec.dtype}) needs about {needed / GIB:.1f} GiB on {self.spec.device}, "
+                f"which has {free / GIB:.1f} GiB free of {total / GIB:.1f} GiB"
+            )
+        try:
+            return model.to(self.device)
+        except torch.cuda.OutOfMemoryError as exc:
+            raise BackendError(
+                f"sub-job {self.spec.sub_job_id} (model {self.spec.model_name}) ran out of "
+                f"memory on {self.spec.device} while loading (asked for about "
+                f"{needed / GIB:.1f} GiB)"
+            ) from exc
+
     def _eos_ids(self) -> set[int]:
         ids = set()
-        for value in (self.tokenizer.eos_token_id, getattr(self._config(), "eos_token_id", None)):
+        config = checkpoints.base_model(self.model).config
+        for value in (self.tokenizer.eos_token_id, getattr(config, "eos_token_id", None)):
             if isinstance(value, int):
                 ids.add(value)
             elif isinstance(value, list):
                 ids.update(v for v in value if isinstance(v, int))
         return ids
-
-    def _config(self):
-        return checkpoints.base_model(self.model).config if hasattr(self, "model") else None
 
     def _apply_checkpoint_for_inference(self, model, directory: Path):
         meta = checkpoints.read_meta(directory)
@@ -120,45 +176,54 @@ class Worker:
             peft_model = get_peft_model(
                 model, LoraConfig(task_type="CAUSAL_LM", bias="none", **meta["lora"])
             )
-            checkpoints.load_adapter(peft_model, directory / checkpoints.ADAPTER_WEIGHTS)
-            if self.spec.get("lora"):
+            checkpoints.load_adapter(peft_model, checkpoints.adapter_file(directory))
+            if self.spec.lora:
                 return peft_model
             return peft_model.merge_and_unload()
         checkpoints.load_full_weights(model, directory / checkpoints.FULL_WEIGHTS)
         return model
 
     def info(self) -> dict[str, Any]:
-        config = self._config()
+        config = checkpoints.base_model(self.model).config
         return {
             "vocab_size": int(config.vocab_size),
             "n_parameters": sum(p.numel() for p in self.model.parameters()),
             "n_trainable": sum(p.numel() for p in self.model.parameters() if p.requires_grad),
-            "lora": bool(self.spec.get("lora")),
+            "lora": bool(self.spec.lora),
+            "device": self.spec.device,
+            "dtype": self.spec.dtype,
         }
 
     # -- training -----------------------------------------------------------------------------
 
     def _logits(self, kwargs: dict[str, Any]) -> torch.Tensor:
-        model_kwargs = {k: v for k, v in kwargs.items() if k != "labels"}
+        model_kwargs = {
+            k: v for k, v in kwargs.items() if k in ("input_ids", "attention_mask", "position_ids")
+        }
         return self.model(**model_kwargs, use_cache=False).logits
 
-    def forward_backward(self, frame: dict[str, Any]) -> dict[str, Any]:
+    def forward_backward(self, header: dict[str, Any], frame: dict[str, Any]) -> dict[str, Any]:
+        processing = Processing.from_json(header["processing"])
         kwargs = frame["kwargs"]
-        processing = processors.parse_processing(frame.get("processing"), require_loss=False)
-        context = processors.validate_context(processing, frame.get("context"), kwargs["input_ids"])
+        context = frame.get("context") or {}
         self.model.train()
         if processing.loss_fn is None:
             # Legacy path: the model's own loss from kwargs.labels.
-            if "labels" not in kwargs:
-                raise BackendError("forward-backward without processing needs kwargs.labels")
-            outputs = self.model(**kwargs, use_cache=False)
+            model_kwargs = {
+                k: v
+                for k, v in kwargs.items()
+                if k in ("input_ids", "attention_mask", "position_ids", "labels")
+            }
+            outputs = self.model(**model_kwargs, use_cache=False)
             loss, metrics, post = outputs.loss, {}, {}
         else:
             logits = self._logits(kwargs)
             targets = processors.shifted_labels(kwargs["input_ids"], context.get("labels"))
-            want_entropy = processing.loss_fn == "grpo"
             logprobs, entropy = processors.token_logprobs_and_entropy(
-                logits, targets, with_entropy=want_entropy
+                logits,
+                targets,
+                with_entropy=processing.loss_fn == "grpo",
+                temperature=frame_temperature(frame),
             )
             del logits
             if processing.loss_fn == "causal_cross_entropy":
@@ -171,7 +236,6 @@ class Worker:
         if not torch.isfinite(loss):
             raise BackendError(f"loss is not finite ({float(loss)}); no gradient was applied")
         loss.backward()
-        self.pending_backward += 1
         return {
             "job_id": self.job_id,
             "avg_loss": float(loss.detach()),
@@ -179,69 +243,60 @@ class Worker:
             "post_process_outputs": post,
         }
 
-    def step(self, learning_rate: float | None) -> dict[str, Any]:
+    def step(self, header: dict[str, Any], _: Any = None) -> dict[str, Any]:
         if self.optimizer is None:
             raise BackendError("step needs a training sub-job")
+        learning_rate = header.get("learning_rate")
         if learning_rate is not None:
             for group in self.optimizer.param_groups:
                 group["lr"] = learning_rate
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = None
-        clip = self.spec.get("gradient_clipping")
         if params and any(p.grad is not None for p in params):
-            max_norm = clip if clip else float("inf")
+            max_norm = self.spec.gradient_clipping or float("inf")
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.global_steps += 1
-        self.pending_backward = 0
         lrs = [g["lr"] for g in self.optimizer.param_groups]
-        return {
+        result = {
             "job_id": self.job_id,
             "global_steps": self.global_steps,
             "last_lr": lrs[0] if len(lrs) == 1 else lrs,
             "grad_norm": grad_norm,
         }
+        if self.device.type == "cuda":
+            result["peak_memory"] = {"gpu_peak": torch.cuda.max_memory_allocated(self.device)}
+        return result
 
-    def save(self, directory: str, checkpoint_type: str, checkpoint_id: str) -> dict[str, Any]:
-        final = Path(directory)
-        tmp = Path(tempfile.mkdtemp(prefix=".saving-", dir=final.parent.parent))
-        try:
-            lora = self.spec.get("lora")
-            if lora:
-                checkpoints.save_adapter(self.model, tmp / checkpoints.ADAPTER_WEIGHTS)
-            else:
-                checkpoints.save_full_weights(self.model, tmp / checkpoints.FULL_WEIGHTS)
-            if checkpoint_type == "resumable":
-                checkpoints.save_optimizer(self.optimizer, tmp / checkpoints.OPTIMIZER_STATE)
-                rng = torch.get_rng_state()
-                (tmp / "rng.dssst1").write_bytes(wire.dumps({"torch": rng}))
-            checkpoints.write_meta(
-                tmp,
-                {
-                    "checkpoint_id": checkpoint_id,
-                    "checkpoint_type": checkpoint_type,
-                    "global_steps": self.global_steps,
-                    "model_name": self.spec["model_name"],
-                    "lora": lora,
-                    "created_at": time.time(),
-                },
-            )
-            checkpoints.atomic_publish(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+    def save(self, header: dict[str, Any], _: Any = None) -> dict[str, Any]:
+        checkpoints.write_checkpoint(
+            Path(header["directory"]),
+            model=self.model,
+            tokenizer=self.tokenizer,
+            optimizer=self.optimizer if header["checkpoint_type"] == "resumable" else None,
+            device=self.device,
+            meta={
+                "checkpoint_id": header["checkpoint_id"],
+                "checkpoint_type": header["checkpoint_type"],
+                "global_steps": self.global_steps,
+                "model_name": self.spec.model_name,
+                "lora": self.spec.lora,
+                "dtype": self.spec.dtype,
+                "created_at": time.time(),
+            },
+        )
         return {"job_id": self.job_id, "global_steps": self.global_steps}
 
     def _load_checkpoint(self, directory: Path, load_optimizer: bool) -> None:
         meta = checkpoints.read_meta(directory)
-        if bool(meta.get("lora")) != bool(self.spec.get("lora")):
+        if bool(meta.get("lora")) != bool(self.spec.lora):
             raise BackendError(
                 f"checkpoint {meta.get('checkpoint_id')} was saved with lora={meta.get('lora')}, "
-                f"this sub-job has lora={self.spec.get('lora')}"
+                f"this sub-job has lora={self.spec.lora}"
             )
         if meta.get("lora"):
-            checkpoints.load_adapter(self.model, directory / checkpoints.ADAPTER_WEIGHTS)
+            checkpoints.load_adapter(self.model, checkpoints.adapter_file(directory))
         else:
             checkpoints.load_full_weights(self.model, directory / checkpoints.FULL_WEIGHTS)
         self.global_steps = int(meta.get("global_steps", 0))
@@ -249,39 +304,35 @@ class Worker:
         opt_path = directory / checkpoints.OPTIMIZER_STATE
         if load_optimizer and meta.get("checkpoint_type") == "resumable" and opt_path.exists():
             checkpoints.load_optimizer(self.optimizer, opt_path)
-            rng_path = directory / "rng.dssst1"
+            rng_path = directory / checkpoints.RNG_STATE
             if rng_path.exists():
-                torch.set_rng_state(wire.loads(rng_path.read_bytes())["torch"])
+                checkpoints.restore_rng(wire.loads(rng_path.read_bytes()), self.device)
 
-    def load(self, directory: str) -> dict[str, Any]:
-        self._load_checkpoint(Path(directory), self.spec.get("load_optimizer_states", True))
+    def load(self, header: dict[str, Any], _: Any = None) -> dict[str, Any]:
+        self._load_checkpoint(Path(header["directory"]), self.spec.load_optimizer_states)
         return {"job_id": self.job_id, "global_steps": self.global_steps}
 
-    def export_weights(self, path: str, weight_format: str) -> dict[str, Any]:
-        target = Path(path)
+    def export_weights(self, header: dict[str, Any], _: Any = None) -> dict[str, Any]:
+        target = Path(header["path"])
         tmp = target.with_suffix(".tmp")
-        if weight_format == "lora":
-            if not self.spec.get("lora"):
-                raise BackendError(
-                    "weight_format='lora' needs a training sub-job with a peft_config"
-                )
+        if header["weight_format"] == "lora":
             checkpoints.save_adapter(self.model, tmp)
         else:
             checkpoints.save_full_weights(self.model, tmp)
-        os.replace(tmp, target)
+        tmp.replace(target)
         return {"bytes": target.stat().st_size, "global_steps": self.global_steps}
 
-    def import_weights(self, path: str, weight_format: str) -> dict[str, Any]:
-        if weight_format == "lora":
-            checkpoints.load_adapter(self.model, Path(path))
+    def import_weights(self, header: dict[str, Any], _: Any = None) -> dict[str, Any]:
+        if header["weight_format"] == "lora":
+            checkpoints.load_adapter(self.model, Path(header["path"]))
         else:
-            checkpoints.load_full_weights(self.model, Path(path))
+            checkpoints.load_full_weights(self.model, Path(header["path"]))
         return {"job_id": self.job_id}
 
     # -- inference ------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def forward(self, frame: dict[str, Any]) -> dict[str, Any]:
+    def forward(self, header: dict[str, Any], frame: dict[str, Any]) -> dict[str, Any]:
         kwargs = frame["kwargs"]
         was_training = self.model.training
         self.model.eval()
@@ -291,33 +342,33 @@ class Worker:
             self.model.train(was_training)
         context = frame.get("context") or {}
         targets = processors.shifted_labels(kwargs["input_ids"], context.get("labels"))
-        logprobs, _ = processors.token_logprobs_and_entropy(logits, targets, with_entropy=False)
+        logprobs, _ = processors.token_logprobs_and_entropy(
+            logits, targets, with_entropy=False, temperature=frame_temperature(frame)
+        )
         # forward exists to score tokens, so logprobs come back with or without post processors.
         return {"job_id": self.job_id, "post_process_outputs": {"logprobs": logprobs.float()}}
 
-    def generate(self, frame: dict[str, Any]) -> dict[str, Any]:
+    def generate(self, header: dict[str, Any], _: Any = None) -> dict[str, Any]:
         """Rows that share sampling parameters (all but the seed) are sampled as one batch."""
-        prompts = frame["prompts"]
-        raw_params = frame.get("sampling_params")
         rows: list[tuple[list[int], SamplingParams, torch.Generator]] = []
-        for i, prompt in enumerate(prompts):
-            raw = raw_params[i] if isinstance(raw_params, list) else raw_params
-            params = parse_sampling_params(
-                raw, f"sampling_params[{i}]" if isinstance(raw_params, list) else "sampling_params"
-            )
-            if isinstance(prompt, str):
-                prompt_ids = self.tokenizer.encode(prompt, add_special_tokens=True)
+        for i, raw in enumerate(header["rows"]):
+            row = GenerateRow.from_json(raw)
+            params = row.params
+            if isinstance(row.prompt, str):
+                prompt_ids = self.tokenizer.encode(row.prompt, add_special_tokens=True)
+                # Only the worker's tokenizer can see a text prompt's length.
+                if len(prompt_ids) >= self.spec.max_seq_len:
+                    raise BackendError(
+                        f"prompts[{i}] has {len(prompt_ids)} tokens; must be shorter than "
+                        f"max_seq_len {self.spec.max_seq_len}"
+                    )
+                budget = self.spec.max_seq_len - len(prompt_ids)
+                if params.max_tokens > budget:
+                    params = replace(params, max_tokens=budget)
             else:
-                prompt_ids = [int(t) for t in prompt]
-            if len(prompt_ids) >= self.spec["max_seq_len"]:
-                raise BackendError(
-                    f"prompt {i} has {len(prompt_ids)} tokens; max_seq_len is {self.spec['max_seq_len']}"
-                )
-            budget = self.spec["max_seq_len"] - len(prompt_ids)
-            if params.max_tokens > budget:
-                params = replace(params, max_tokens=budget)
+                prompt_ids = list(row.prompt)
             generator = (
-                torch.Generator().manual_seed(params.seed)
+                torch.Generator(device=self.device).manual_seed(params.seed)
                 if params.seed is not None
                 else self.generator
             )
@@ -346,59 +397,66 @@ class Worker:
                 results[i] = out
         return {"job_id": self.job_id, "results": results}
 
-
-def _dispatch(worker: Worker, header: dict[str, Any], body: bytes) -> dict[str, Any]:
-    op = header["op"]
-    if op in ("forward_backward", "forward", "generate"):
-        frame = wire.loads(body)
-        return getattr(worker, op)(frame)
-    if op == "step":
-        return worker.step(header.get("learning_rate"))
-    if op == "save":
-        return worker.save(header["directory"], header["checkpoint_type"], header["checkpoint_id"])
-    if op == "load":
-        return worker.load(header["directory"])
-    if op == "export_weights":
-        return worker.export_weights(header["path"], header["weight_format"])
-    if op == "import_weights":
-        return worker.import_weights(header["path"], header["weight_format"])
-    raise BackendError(f"unknown worker op {op!r}")
+    def operations(self) -> dict[str, Callable[[dict[str, Any], Any], dict[str, Any]]]:
+        """The worker's operation table: op name -> handler(header, frame)."""
+        return {
+            "forward_backward": self.forward_backward,
+            "forward": self.forward,
+            "generate": self.generate,
+            "step": self.step,
+            "save": self.save,
+            "load": self.load,
+            "export_weights": self.export_weights,
+            "import_weights": self.import_weights,
+        }
 
 
-def serve(sock: socket.socket, spec: dict[str, Any]) -> None:
+# Ops whose body is a DSSST1 model frame (decoded and moved to the device on receipt).
+FRAME_OPS = ("forward_backward", "forward")
+
+
+def serve(sock: socket.socket, spec: WorkerSpec) -> None:
     try:
         worker = Worker(spec)
     except Exception as exc:  # report why the sub-job could not start, then exit
-        log.exception("sub-job %s failed to start", spec.get("sub_job_id"))
-        send_message(sock, {"ready": False, "error": f"{type(exc).__name__}: {exc}"})
+        log.exception("sub-job %s failed to start", spec.sub_job_id)
+        message = str(exc) if isinstance(exc, BackendError) else f"{type(exc).__name__}: {exc}"
+        send_message(sock, {"ready": False, "error": message})
         return
     send_message(sock, {"ready": True, "info": worker.info()})
+    table = worker.operations()
     while True:
         try:
             header, body = recv_message(sock)
         except ConnectionClosed:
             return
         started = time.time()
+        op = header.get("op")
         try:
-            result = _dispatch(worker, header, body)
+            handler = table.get(op)
+            if handler is None:
+                raise BackendError(f"unknown worker op {op!r}; known: {', '.join(table)}")
+            frame = to_device(wire.loads(body), worker.device) if op in FRAME_OPS else None
+            result = to_host(handler(header, frame))
             send_message(
                 sock,
                 {"id": header.get("id"), "ok": True, "started_at": started},
                 wire.dumps(result),
             )
         except Exception as exc:
-            if not isinstance(exc, BackendError):
-                log.error("op %s failed:\n%s", header.get("op"), traceback.format_exc())
+            if isinstance(exc, torch.cuda.OutOfMemoryError):
+                torch.cuda.empty_cache()
+                message = (
+                    f"{op} ran out of GPU memory on {spec.device} (sub-job {spec.sub_job_id}, "
+                    f"model {spec.model_name}); send a smaller batch"
+                )
+            elif isinstance(exc, BackendError):
+                message = str(exc)
+            else:
+                log.error("op %s failed:\n%s", op, traceback.format_exc())
+                message = f"{type(exc).__name__}: {exc}"
             send_message(
-                sock,
-                {
-                    "id": header.get("id"),
-                    "ok": False,
-                    "error": str(exc)
-                    if isinstance(exc, BackendError)
-                    else f"{type(exc).__name__}: {exc}",
-                    "started_at": started,
-                },
+                sock, {"id": header.get("id"), "ok": False, "error": message, "started_at": started}
             )
 
 
@@ -407,13 +465,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--spec", required=True)
     args = parser.parse_args(argv)
-    spec = json.loads(Path(args.spec).read_text())
+    spec = WorkerSpec.from_json(Path(args.spec).read_text())
     logging.basicConfig(
         level=logging.INFO,
-        format=f"%(asctime)s {spec['sub_job_id']} %(levelname)s %(message)s",
+        format=f"%(asctime)s {spec.sub_job_id} %(levelname)s %(message)s",
         stream=sys.stderr,
     )
-    torch.set_num_threads(int(spec.get("threads") or 1))
+    torch.set_num_threads(spec.threads)
     sock = socket.socket(fileno=args.fd)
     serve(sock, spec)
     return 0

@@ -1,0 +1,47 @@
+"""The local backend's parts, wired together once: what the HTTP routes call.
+
+- :class:`~cortex_recipes.local.registry.JobRegistry`: jobs, sub-jobs, workers, placement;
+- :class:`~cortex_recipes.local.dispatch.Dispatcher`: work as asynchronous requests;
+- :class:`~cortex_recipes.local.data_plane.DataPlane`: forward-backward, step, save, load,
+  generate, checkpoints, polling;
+- :data:`~cortex_recipes.local.operations.OPERATIONS`: the ``/operation`` table.
+The parts do not reach into each other beyond these references.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from cortex_recipes.local.data_plane import DataPlane
+from cortex_recipes.local.dispatch import Dispatcher
+from cortex_recipes.local.operations import run_operation
+from cortex_recipes.local.registry import JobRegistry
+
+
+class Backend:
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        device: str = "auto",
+        threads: int | None = None,
+        result_chunk_bytes: int = 8 * 1024 * 1024,
+        poll_wait_s: float = 0.25,
+    ):
+        self.registry = JobRegistry(
+            state_dir,
+            device=device,
+            threads=threads,
+            result_chunk_bytes=result_chunk_bytes,
+            poll_wait_s=poll_wait_s,
+        )
+        self.dispatcher = Dispatcher()
+        self.data_plane = DataPlane(self.registry, self.dispatcher)
+
+    def operation(self, job_id: str, body: Any) -> dict[str, Any]:
+        return run_operation(self, job_id, body)
+
+    def shutdown(self) -> None:
+        self.registry.shutdown()
+        self.dispatcher.shutdown()

@@ -1,0 +1,206 @@
+"""The data plane: forward-backward, step, save, load, checkpoints, generate, request polling.
+
+Invariants:
+- Every call is validated (:mod:`cortex_recipes.local.validation`) against the running job and
+  the routed sub-job before a worker sees it; the worker receives the normalised header.
+- Chunked frames go through the job's :class:`~cortex_recipes.local.chunks.ChunkAssembler`, so
+  a chunk group's gradient is applied at most once.
+- ``save`` uses the caller's ``checkpoint_id`` when one is given (pattern-checked, 409 if it is
+  taken), else a new one; a failed save leaves nothing listed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import Any
+
+from cortex_recipes.local import validation
+from cortex_recipes.local.dispatch import Dispatcher, route, training_sub_job, worker_result
+from cortex_recipes.local.errors import BackendError
+from cortex_recipes.local.registry import Job, JobRegistry
+
+
+class DataPlane:
+    def __init__(self, registry: JobRegistry, dispatcher: Dispatcher):
+        self.registry = registry
+        self.dispatcher = dispatcher
+
+    # -- model frames --------------------------------------------------------------------------
+
+    def forward_backward(self, job_id: str, data: bytes) -> dict[str, Any]:
+        job = self.registry.require_running(job_id)
+        sub_job_id = training_sub_job(job, "forward-backward")
+        desc = validation.request_chunk(data, "forward-backward")
+        if desc is None:
+            return self._submit_forward_backward(job, sub_job_id, data)
+        payload = validation.decode_frame(data, "request chunk")
+        if not isinstance(payload, dict) or set(payload) != {"payload"}:
+            raise BackendError("request chunk must hold exactly one payload tensor")
+        accepted = job.chunks.accept(desc, data)
+        if accepted.request_id is not None:
+            return {"request_id": accepted.request_id, "job_id": job_id, "replayed": True}
+        if accepted.frame is None:
+            return {
+                "job_id": job_id,
+                "chunk_group_id": desc.group_id,
+                "received": accepted.received,
+            }
+        response = self._submit_forward_backward(job, sub_job_id, accepted.frame)
+        job.chunks.ran(desc, response["request_id"])
+        return response
+
+    def _submit_forward_backward(self, job: Job, sub_job_id: str, frame_bytes: bytes) -> dict:
+        frame = validation.decode_frame(frame_bytes, "forward-backward frame")
+        spec = job.sub_job(sub_job_id)
+        processing = validation.validate_model_frame(
+            frame, max_seq_len=spec.max_seq_len, vocab=job.vocab_size(sub_job_id), training=True
+        )
+        request = self.dispatcher.on_worker(
+            job,
+            sub_job_id,
+            "forward_backward",
+            {"op": "forward_backward", "processing": processing.to_json()},
+            frame_bytes,
+        )
+        return {"request_id": request.request_id, "job_id": job.job_id}
+
+    def forward(self, job: Job, sub_job_id: Any, sub_job_type: Any, payload: Any) -> dict:
+        spec = route(
+            job,
+            "forward",
+            sub_job_id,
+            sub_job_type,
+            ("log_probability", "training"),
+            ("log_probability", "training"),
+        )
+        frame_bytes = validation.forward_payload_bytes(payload)
+        frame = validation.decode_frame(frame_bytes, "forward frame")
+        validation.validate_model_frame(
+            frame,
+            max_seq_len=spec.max_seq_len,
+            vocab=job.vocab_size(spec.sub_job_id),
+            training=False,
+        )
+        request = self.dispatcher.on_worker(
+            job, spec.sub_job_id, "forward", {"op": "forward"}, frame_bytes
+        )
+        return {"request_id": request.request_id, "job_id": job.job_id}
+
+    # -- optimizer and checkpoints ----------------------------------------------------------------
+
+    def step(self, job_id: str, body: Any) -> dict[str, Any]:
+        job = self.registry.require_running(job_id)
+        learning_rate = validation.step_learning_rate(validation.json_object(body, "step"))
+        sub_job_id = training_sub_job(job, "step")
+        request = self.dispatcher.on_worker(
+            job, sub_job_id, "step", {"op": "step", "learning_rate": learning_rate}
+        )
+        return {"request_id": request.request_id, "job_id": job_id}
+
+    def save(self, job_id: str, body: Any) -> dict[str, Any]:
+        job = self.registry.require_running(job_id)
+        body = validation.json_object(body, "save")
+        validation.only_keys(body, ("checkpoint_id", "checkpoint_type"), "save")
+        checkpoint_type = validation.checkpoint_type(body.get("checkpoint_type"))
+        requested = body.get("checkpoint_id")
+        checkpoint_id = (
+            f"cp_{uuid.uuid4().hex}" if requested is None else validation.checkpoint_id(requested)
+        )
+        sub_job_id = training_sub_job(job, "save")
+        store = self.registry.checkpoints
+        staging = store.reserve(job_id, checkpoint_id)  # 409 when the id is taken
+        handle = job.workers[sub_job_id]
+
+        def run() -> dict[str, Any]:
+            try:
+                reply = handle.submit(
+                    {
+                        "op": "save",
+                        "directory": str(staging),
+                        "checkpoint_type": checkpoint_type,
+                        "checkpoint_id": checkpoint_id,
+                    }
+                ).result()
+                steps = int(worker_result(reply, "save")["global_steps"])
+                final = store.publish(staging, steps)
+            except BaseException:
+                store.discard(job_id, checkpoint_id)
+                raise
+            return {
+                "job_id": job_id,
+                "checkpoint_id": checkpoint_id,
+                "checkpoint_type": checkpoint_type,
+                "global_steps": steps,
+                "stage_path": f"{final.as_posix()}/",
+                "checkpoint_path": f"{final.as_posix()}/",
+            }
+
+        request = self.dispatcher.in_server(job, sub_job_id, "save", run)
+        return {"request_id": request.request_id, "job_id": job_id}
+
+    def load(self, job_id: str, body: Any) -> dict[str, Any]:
+        job = self.registry.require_running(job_id)
+        body = validation.json_object(body, "load")
+        validation.only_keys(body, ("checkpoint_id", "source_job_id", "target_sub_job_id"), "load")
+        target = body.get("target_sub_job_id")
+        if target is not None:
+            spec = job.sub_job(target)
+            if spec.job_type != "training":
+                raise BackendError(
+                    f"load into {spec.job_type} sub-job {target} is not implemented; "
+                    "load targets the training sub-job",
+                    status=501,
+                )
+        sub_job_id = training_sub_job(job, "load")
+        source_job = validation.job_id(body.get("source_job_id") or job_id, "source_job_id")
+        checkpoint_id = validation.checkpoint_id(body.get("checkpoint_id"))
+        directory = self.registry.checkpoints.directory(source_job, checkpoint_id)
+        request = self.dispatcher.on_worker(
+            job, sub_job_id, "load", {"op": "load", "directory": str(directory)}
+        )
+        return {"request_id": request.request_id, "job_id": job_id}
+
+    def list_checkpoints(self, job_id: str) -> list[dict[str, Any]]:
+        self.registry.get(job_id)
+        return self.registry.checkpoints.list(job_id)
+
+    def delete_checkpoint(self, job_id: str, checkpoint_id: str) -> None:
+        self.registry.get(job_id)
+        self.registry.checkpoints.delete(job_id, validation.checkpoint_id(checkpoint_id))
+
+    # -- generate ---------------------------------------------------------------------------------
+
+    def generate(self, job_id: str, data: bytes) -> dict[str, Any]:
+        job = self.registry.require_running(job_id)
+        if validation.request_chunk(data, "generate") is not None:
+            raise BackendError(
+                "chunked generate requests are not supported by the local backend; "
+                "send under 60 MiB"
+            )
+        frame = validation.decode_frame(data, "generate frame")
+        samplers = job.of_type("sampling")
+        if not samplers:
+            raise BackendError(f"generate needs a sampling sub-job; job {job_id} has none")
+        spec = samplers[0]
+        routing_key = frame.get("routing_key") if isinstance(frame, dict) else None
+        if len(samplers) > 1 and isinstance(routing_key, str):
+            digest = int(hashlib.sha256(routing_key.encode()).hexdigest(), 16)
+            spec = samplers[digest % len(samplers)]
+        rows = validation.validate_generate(
+            frame, max_seq_len=spec.max_seq_len, vocab=job.vocab_size(spec.sub_job_id)
+        )
+        request = self.dispatcher.on_worker(
+            job,
+            spec.sub_job_id,
+            "generate",
+            {"op": "generate", "rows": [row.to_json() for row in rows]},
+        )
+        return {"request_id": request.request_id, "job_id": job_id}
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def request_status(
+        self, job_id: str, request_id: str, cursor: str | None, max_events: int | None
+    ) -> dict[str, Any]:
+        return self.registry.get(job_id).requests.status(request_id, cursor, max_events)

@@ -1,0 +1,121 @@
+"""``POST /{job}/operation``: the operation table.
+
+Each ``operation_type`` maps to one handler ``(backend, job_id, body) -> response``; an unknown
+type is a 400 that lists the table. ``tail-logs`` reads a job in any state (logs matter most
+after a failure); every other operation needs a running job.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from cortex_recipes.local import validation
+from cortex_recipes.local.dispatch import route
+from cortex_recipes.local.errors import BackendError
+from cortex_recipes.local.specs import JOB_TYPES, abridge
+from cortex_recipes.local.weight_sync import start_weight_sync
+
+if TYPE_CHECKING:
+    from cortex_recipes.local.backend import Backend
+
+BODY_KEYS = ("operation_type", "sub_job_id", "sub_job_type", "payload")
+# A page of log lines; more in one response is a client mistake.
+MAX_LOG_LINES = 10_000
+
+
+def _forward(backend: Backend, job_id: str, body: dict) -> dict[str, Any]:
+    job = backend.registry.require_running(job_id)
+    return backend.data_plane.forward(
+        job, body.get("sub_job_id"), body.get("sub_job_type"), body.get("payload")
+    )
+
+
+def _weight_sync(backend: Backend, job_id: str, body: dict) -> dict[str, Any]:
+    job = backend.registry.require_running(job_id)
+    return start_weight_sync(
+        backend.dispatcher,
+        job,
+        backend.registry.job_dir(job_id),
+        body.get("sub_job_id"),
+        body.get("sub_job_type"),
+        body.get("payload"),
+    )
+
+
+def _reset_prefix_cache(backend: Backend, job_id: str, body: dict) -> dict[str, Any]:
+    job = backend.registry.require_running(job_id)
+    spec = route(
+        job,
+        "reset-prefix-cache",
+        body.get("sub_job_id"),
+        body.get("sub_job_type"),
+        ("sampling",),
+        ("sampling",),
+    )
+    return {
+        "job_id": job_id,
+        "sub_job_id": spec.sub_job_id,
+        "reset": True,
+        "note": "the local backend keeps no prefix cache",
+    }
+
+
+def _cancel_request(backend: Backend, job_id: str, body: dict) -> dict[str, Any]:
+    job = backend.registry.require_running(job_id)
+    payload = body.get("payload")
+    if not isinstance(payload, dict) or not isinstance(payload.get("request_id"), str):
+        raise BackendError("cancel-request needs payload.request_id (a string)")
+    return job.requests.cancel(payload["request_id"])
+
+
+def _tail_logs(backend: Backend, job_id: str, body: dict) -> dict[str, Any]:
+    job = backend.registry.get(job_id)
+    sub_job_id, sub_job_type = body.get("sub_job_id"), body.get("sub_job_type")
+    payload = body.get("payload")
+    if payload is None:
+        payload = {}
+    payload = validation.json_object(payload, "tail-logs payload")
+    validation.only_keys(payload, ("cursor", "max_lines"), "tail-logs payload")
+    if sub_job_id is None and sub_job_type is None and len(job.specs) > 1:
+        raise BackendError(
+            "tail-logs needs sub_job_id or sub_job_type when a job has several sub-jobs"
+        )
+    spec = route(job, "tail-logs", sub_job_id, sub_job_type, JOB_TYPES, JOB_TYPES)
+    cursor = payload.get("cursor") or "0"
+    if not isinstance(cursor, str | int) or not re.fullmatch(r"\d{1,15}", str(cursor)):
+        raise BackendError(
+            f"tail-logs cursor={abridge(cursor)} must be a cursor this server issued"
+        )
+    max_lines = validation.integer(
+        payload.get("max_lines") or 200, "tail-logs max_lines", minimum=1, maximum=MAX_LOG_LINES
+    )
+    path = job.workers[spec.sub_job_id].log_path
+    data = path.read_bytes() if path.exists() else b""
+    start = min(int(cursor), len(data))
+    lines = data[start:].splitlines(keepends=True)[:max_lines]
+    end = start + sum(len(line) for line in lines)
+    entries = [{"line": line.decode("utf-8", "replace").rstrip("\n")} for line in lines]
+    return {"entries": entries, "next_cursor": str(end), "eof": end >= len(data)}
+
+
+OPERATIONS: dict[str, Callable[[Backend, str, dict], dict[str, Any]]] = {
+    "forward": _forward,
+    "weight-sync": _weight_sync,
+    "reset-prefix-cache": _reset_prefix_cache,
+    "cancel-request": _cancel_request,
+    "tail-logs": _tail_logs,
+}
+
+
+def run_operation(backend: Backend, job_id: str, body: Any) -> dict[str, Any]:
+    body = validation.json_object(body, "operation")
+    validation.only_keys(body, BODY_KEYS, "operation")
+    op = body.get("operation_type")
+    handler = OPERATIONS.get(op) if isinstance(op, str) else None
+    if handler is None:
+        raise BackendError(
+            f"operation_type={abridge(op)} is not supported; accepted: {', '.join(OPERATIONS)}"
+        )
+    return handler(backend, job_id, body)

@@ -1,0 +1,286 @@
+"""The job registry: create, describe, cancel and fail jobs; one worker per sub-job.
+
+Invariants:
+- A job moves ``pending -> running`` when every worker is ready, ``-> failed`` when one cannot
+  start or dies (the reason names the sub-job and how its worker died), ``-> cancelled`` on a
+  user cancel. A job that is not running accepts no data-plane request (409 with the reason).
+- When a job fails or is cancelled, all its workers are stopped (their memory, GPU memory
+  included, is freed) and its unfinished requests are settled: ``failed`` with the worker's
+  reason after a death, ``cancelled`` after a cancel. Other jobs are untouched.
+- Each sub-job's device is decided here once, by :func:`devices.plan_placement`, and reported
+  by ``describe`` together with the dtype it runs in.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cortex_recipes.local import devices, validation
+from cortex_recipes.local.checkpoints import CheckpointStore
+from cortex_recipes.local.chunks import ChunkAssembler
+from cortex_recipes.local.errors import BackendError, Conflict, NotFound
+from cortex_recipes.local.request_store import RequestStore
+from cortex_recipes.local.specs import SubJobSpec, WorkerSpec, abridge, parse_sub_jobs
+from cortex_recipes.local.workers import WorkerHandle
+from cortex_recipes.models import FIXTURE_MODELS, ModelNotAvailableError, resolve_model_path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Job:
+    job_id: str
+    specs: list[SubJobSpec]
+    created_at: float
+    requests: RequestStore
+    devices: dict[str, str]
+    workers: dict[str, WorkerHandle] = field(default_factory=dict)
+    status: str = "pending"
+    reason: str = ""
+    chunks: ChunkAssembler = field(default_factory=ChunkAssembler)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    weight_version: int = 0
+
+    def sub_job(self, sub_job_id: Any) -> SubJobSpec:
+        for spec in self.specs:
+            if spec.sub_job_id == sub_job_id:
+                return spec
+        raise BackendError(
+            f"sub_job_id={abridge(sub_job_id)} is not part of job {self.job_id}; sub-jobs: "
+            f"{', '.join(s.sub_job_id for s in self.specs)}"
+        )
+
+    def of_type(self, job_type: str) -> list[SubJobSpec]:
+        return [s for s in self.specs if s.job_type == job_type]
+
+    def vocab_size(self, sub_job_id: str) -> int | None:
+        return (self.workers[sub_job_id].info or {}).get("vocab_size")
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("failed", "cancelled")
+
+
+class JobRegistry:
+    """Every job of one server process."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        device: str = "auto",
+        threads: int | None = None,
+        result_chunk_bytes: int = 8 * 1024 * 1024,
+        poll_wait_s: float = 0.25,
+    ):
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.device_mode = devices.device_mode(device)
+        self.cuda_count = devices.visible_cuda_devices()
+        self.threads = threads
+        self.result_chunk_bytes = result_chunk_bytes
+        self.poll_wait_s = poll_wait_s
+        self.checkpoints = CheckpointStore(self.state_dir)
+        self.jobs: dict[str, Job] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="job-start")
+        log.info("device mode %s; %d CUDA device(s) visible", self.device_mode, self.cuda_count)
+
+    def job_dir(self, job_id: str) -> Path:
+        return self.state_dir / "jobs" / job_id
+
+    # -- create ------------------------------------------------------------------------------
+
+    def _gpu_load(self) -> Counter:
+        load: Counter = Counter()
+        for job in self.jobs.values():
+            if job.finished:
+                continue
+            for device in job.devices.values():
+                index = devices.gpu_index(device)
+                if index is not None:
+                    load[index] += 1
+        return load
+
+    def gpus_in_use(self) -> int:
+        return len(self._gpu_load())
+
+    def create(self, body: Any) -> dict[str, Any]:
+        body = validation.json_object(body, "create-job")
+        job_id = body.get("job_id") or f"job-{uuid.uuid4().hex[:12]}"
+        validation.job_id(job_id)
+        specs = parse_sub_jobs(job_id, body.get("sub_job_configs"))
+        for i, spec in enumerate(specs):
+            if spec.model_name not in FIXTURE_MODELS:
+                try:
+                    resolve_model_path(spec.model_name)
+                except (ModelNotAvailableError, OSError, ValueError) as exc:
+                    raise BackendError(f"sub_job_configs[{i}].model_name: {exc}") from exc
+            if spec.source_checkpoint:
+                self.checkpoints.directory(
+                    spec.source_checkpoint["source_job_id"], spec.source_checkpoint["checkpoint_id"]
+                )
+        with self._lock:
+            if job_id in self.jobs:
+                raise Conflict(f"job_id={job_id!r} already exists")
+            placement = devices.plan_placement(
+                [devices.PlacementRequest(s.sub_job_id, s.job_type, s.n_gpus) for s in specs],
+                self.device_mode,
+                self.cuda_count,
+                self._gpu_load(),
+            )
+            job = Job(
+                job_id=job_id,
+                specs=specs,
+                created_at=time.time(),
+                devices=placement,
+                requests=RequestStore(
+                    job_id, result_chunk_bytes=self.result_chunk_bytes, poll_wait_s=self.poll_wait_s
+                ),
+            )
+            self.jobs[job_id] = job
+        run_dir = self.job_dir(job_id) / "run"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        on_cpu = sum(1 for d in placement.values() if d == devices.CPU)
+        threads = self.threads or max(1, (os.cpu_count() or 1) // max(1, on_cpu))
+        for spec in specs:
+            device = placement[spec.sub_job_id]
+            worker_spec = WorkerSpec(
+                job_id=job_id,
+                sub_job_id=spec.sub_job_id,
+                job_type=spec.job_type,
+                model_name=spec.model_name,
+                dtype=devices.resolve_dtype(spec.dtype, device),
+                device=device,
+                seed=spec.seed,
+                max_seq_len=spec.max_seq_len,
+                threads=threads,
+                lora=spec.lora.as_dict() if spec.lora else None,
+                optimizer=spec.optimizer.__dict__ if spec.optimizer else None,
+                gradient_clipping=spec.gradient_clipping,
+                load_optimizer_states=spec.load_optimizer_states,
+                source_checkpoint_dir=(
+                    str(
+                        self.checkpoints.directory(
+                            spec.source_checkpoint["source_job_id"],
+                            spec.source_checkpoint["checkpoint_id"],
+                        )
+                    )
+                    if spec.source_checkpoint
+                    else None
+                ),
+            )
+            job.workers[spec.sub_job_id] = WorkerHandle(
+                worker_spec,
+                run_dir,
+                run_dir / f"{spec.sub_job_id.replace(':', '_')}.log",
+                on_death=lambda handle, reason, job=job: self._worker_died(job, handle, reason),
+            )
+        self._pool.submit(self._watch_start, job)
+        return {"job_id": job_id}
+
+    def _watch_start(self, job: Job) -> None:
+        for handle in job.workers.values():
+            handle.ready.wait()
+            if handle.error:
+                self._fail(job, f"{handle.sub_job_id}: {handle.error}")
+                return
+        with job.lock:
+            if job.status == "pending":
+                job.status = "running"
+
+    def _worker_died(self, job: Job, handle: WorkerHandle, reason: str) -> None:
+        self._pool.submit(self._fail, job, f"{handle.sub_job_id}: {reason}")
+
+    def _fail(self, job: Job, reason: str) -> None:
+        with job.lock:
+            if job.finished:
+                return
+            job.status, job.reason = "failed", reason
+        log.error("job %s failed: %s", job.job_id, reason)
+        job.requests.fail_unfinished(reason, cancelled=False)
+        self._stop_workers(job)
+
+    # -- read ----------------------------------------------------------------------------------
+
+    def get(self, job_id: str) -> Job:
+        job = self.jobs.get(job_id) if isinstance(job_id, str) else None
+        if job is None:
+            raise NotFound(f"job {abridge(job_id)} not found")
+        return job
+
+    def require_running(self, job_id: str) -> Job:
+        """The job, if it accepts data-plane requests; else a 409 that says why not."""
+        job = self.get(job_id)
+        if job.status != "running":
+            raise BackendError(
+                f"job {job_id} is {job.status}{': ' + job.reason if job.reason else ''}; "
+                "data-plane calls need a running job"
+                + (" (wait_for_job first)" if job.status == "pending" else ""),
+                # 409 (the SDK retries it) while it starts; 410 once it can never run again.
+                status=409 if job.status == "pending" else 410,
+                code=f"job_{job.status}",
+            )
+        return job
+
+    def describe(self, job: Job) -> dict[str, Any]:
+        sub_jobs = []
+        for spec in job.specs:
+            handle = job.workers.get(spec.sub_job_id)
+            info = handle.info if handle else None
+            dead = handle is not None and handle.error is not None
+            device = job.devices[spec.sub_job_id]
+            sub_jobs.append(
+                {
+                    **spec.to_wire(),
+                    "status": "failed" if dead else job.status,
+                    **({"reason": handle.error} if dead else {}),
+                    "device": device,
+                    "dtype": devices.resolve_dtype(spec.dtype, device),
+                    **({"info": info} if info else {}),
+                }
+            )
+        return {
+            "job_id": job.job_id,
+            "status": job.status,
+            "reason": job.reason,
+            "created_at": job.created_at,
+            "updated_at": time.time(),
+            "sub_jobs": sub_jobs,
+        }
+
+    def list(self, status: str | None = None) -> list[dict[str, Any]]:
+        jobs = [self.describe(j) for j in list(self.jobs.values())]
+        if status:
+            jobs = [j for j in jobs if j["status"] == status.lower()]
+        return jobs
+
+    # -- stop ----------------------------------------------------------------------------------
+
+    def cancel(self, job_id: str) -> Job:
+        job = self.get(job_id)
+        with job.lock:
+            if not job.finished:
+                job.status, job.reason = "cancelled", "cancelled by request"
+        job.requests.fail_unfinished("cancelled: the job was cancelled", cancelled=True)
+        self._stop_workers(job)
+        return job
+
+    @staticmethod
+    def _stop_workers(job: Job) -> None:
+        for handle in job.workers.values():
+            handle.close()
+
+    def shutdown(self) -> None:
+        for job in list(self.jobs.values()):
+            self._stop_workers(job)
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,187 @@
+"""Asynchronous requests of one job: their lifecycle, their results, and result paging.
+
+Invariants:
+- A request moves ``pending -> running -> completed | failed | cancelled`` exactly once to a
+  final state; ``done`` is set when it does.
+- A job keeps at most :data:`MAX_REQUESTS_KEPT` requests (oldest dropped first), so the bytes it
+  holds are bounded by that many results.
+- A result travels inline (base64 DSSST1) up to ``result_chunk_bytes``, else as
+  ``result_chunk`` events paged by an integer cursor.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from cortex_training import wire
+
+from cortex_recipes.local.errors import BackendError, NotFound
+from cortex_recipes.local.workers import WorkerReply, WorkerStopped
+
+# Enough for every request a journey polls to stay pollable; a bound on the memory results hold.
+MAX_REQUESTS_KEPT = 512
+# The most result_chunk events one poll returns.
+MAX_EVENTS_PER_POLL = 512
+
+
+@dataclass
+class Request:
+    request_id: str
+    job_id: str
+    sub_job_id: str
+    operation: str
+    status: str = "pending"
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    started_at: float | None = None
+    result: bytes | None = None
+    error: str | None = None
+    future: Future | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        self.status, self.started_at = "running", time.time()
+
+    def finish(self, *, result: bytes | None = None, error: str | None = None) -> None:
+        if self.done.is_set():
+            return
+        self.result, self.error = result, error
+        self.status = "failed" if error is not None else "completed"
+        self.updated_at = time.time()
+        self.done.set()
+
+    def cancel(self, reason: str) -> None:
+        if self.done.is_set():
+            return
+        self.status, self.error = "cancelled", reason
+        self.updated_at = time.time()
+        self.done.set()
+
+    def complete_from(self, future: Future) -> None:
+        """Settle this request from a worker future (the future's done callback)."""
+        if future.cancelled():
+            self.cancel("cancelled before it started")
+            return
+        exc = future.exception()
+        if isinstance(exc, WorkerStopped):
+            self.cancel(f"cancelled: {exc}")
+        elif exc is not None:
+            self.finish(error=str(exc))
+        else:
+            reply: WorkerReply = future.result()
+            self.started_at = reply.started_at
+            if reply.ok:
+                self.finish(result=reply.body)
+            else:
+                self.finish(error=reply.error or "failed")
+
+
+class RequestStore:
+    """The requests of one job."""
+
+    def __init__(self, job_id: str, *, result_chunk_bytes: int, poll_wait_s: float):
+        self.job_id = job_id
+        self.result_chunk_bytes = result_chunk_bytes
+        # A status poll of an unfinished request waits up to poll_wait_s for it to finish, so a
+        # client polling in a tight loop neither adds latency nor steals CPU from the workers.
+        self.poll_wait_s = poll_wait_s
+        self._requests: OrderedDict[str, Request] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def new(self, sub_job_id: str, operation: str) -> Request:
+        request = Request(
+            request_id=f"req-{uuid.uuid4().hex}",
+            job_id=self.job_id,
+            sub_job_id=sub_job_id,
+            operation=operation,
+        )
+        with self._lock:
+            self._requests[request.request_id] = request
+            while len(self._requests) > MAX_REQUESTS_KEPT:
+                self._requests.popitem(last=False)
+        return request
+
+    def get(self, request_id: str) -> Request:
+        request = self._requests.get(request_id)
+        if request is None:
+            raise NotFound(f"request {request_id!r} not found in job {self.job_id}")
+        return request
+
+    def unfinished(self) -> list[Request]:
+        with self._lock:
+            return [r for r in self._requests.values() if not r.done.is_set()]
+
+    def fail_unfinished(self, reason: str, *, cancelled: bool) -> None:
+        """Settle every unfinished request (a dead worker's or a cancelled job's)."""
+        for request in self.unfinished():
+            if cancelled:
+                request.cancel(reason)
+            else:
+                request.finish(error=reason)
+
+    def cancel(self, request_id: str) -> dict[str, Any]:
+        request = self.get(request_id)
+        cancelled = bool(request.future and request.future.cancel())
+        if cancelled:
+            request.cancel("cancelled by request")
+        return {"request_id": request_id, "cancelled": cancelled, "status": request.status}
+
+    def status(self, request_id: str, cursor: str | None, max_events: int | None) -> dict:
+        request = self.get(request_id)
+        if not cursor:
+            request.done.wait(self.poll_wait_s)
+        status = request.status
+        if status == "pending" and request.future is not None and request.future.running():
+            status = "running"
+        body: dict[str, Any] = {
+            "request_id": request.request_id,
+            "job_id": self.job_id,
+            "sub_job_id": request.sub_job_id,
+            "operation": request.operation,
+            "status": status,
+            "created_at": request.created_at,
+            "updated_at": request.updated_at,
+            "started_at": request.started_at,
+            "error": request.error,
+            "result": None,
+            "events": [],
+            "next_cursor": "",
+        }
+        if status != "completed" or request.result is None:
+            return body
+        frame = request.result
+        if len(frame) <= self.result_chunk_bytes:
+            body["result"] = {
+                "wire_format": wire.WIRE_FORMAT_VERSION,
+                "encoding": "base64",
+                "payload_b64": base64.b64encode(frame).decode("ascii"),
+                "content_type": "application/octet-stream",
+            }
+            return body
+        chunks = wire.encode_byte_chunks(frame, kind="result", max_bytes=self.result_chunk_bytes)
+        if cursor and (not cursor.isdigit() or len(cursor) > 12):
+            raise BackendError(f"cursor={cursor[:40]!r} is not a cursor this server issued")
+        start = int(cursor) if cursor else 0
+        if not 0 <= start <= len(chunks):
+            raise BackendError(f"cursor={cursor!r} is out of range [0, {len(chunks)}]")
+        limit = max(1, min(int(max_events or 16), MAX_EVENTS_PER_POLL))
+        page = chunks[start : start + limit]
+        body["events"] = [
+            {
+                "type": "result_chunk",
+                "payload_b64": base64.b64encode(chunk).decode("ascii"),
+                "payload_sha256": hashlib.sha256(chunk).hexdigest(),
+            }
+            for chunk in page
+        ]
+        end = start + len(page)
+        body["next_cursor"] = str(end) if end < len(chunks) else ""
+        return body
