@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import socket
 import sys
 import time
@@ -192,6 +193,7 @@ class Worker:
             "lora": bool(self.spec.lora),
             "device": self.spec.device,
             "dtype": self.spec.dtype,
+            "pid": os.getpid(),
         }
 
     # -- training -----------------------------------------------------------------------------
