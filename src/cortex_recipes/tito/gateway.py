@@ -30,9 +30,13 @@ log = logging.getLogger(__name__)
 
 SESSION_HEADER = "x-session-id"
 FORWARDED = {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop_token_ids"}
+# Accepted and dropped. ``cache_salt`` (prime-rl: ``str(policy_version_at_start)``) salts vLLM's
+# prefix cache per weight version; the SDK has no salt, so whoever syncs weights resets the
+# sampler's prefix cache instead. ``return_token_ids``: completion ids are always returned.
 IGNORED = {
     "logprobs", "skip_special_tokens", "routed_experts_prompt_start", "n", "min_p",
     "repetition_penalty", "include_stop_str_in_output", "spaces_between_special_tokens",
+    "cache_salt", "return_token_ids",
 }  # fmt: skip
 
 
@@ -95,8 +99,12 @@ def create_gateway_app(
     max_model_len: int,
     base_seed: int = 0,
 ):
-    """The FastAPI app. ``generate(prompt_ids, params)`` returns one SDK generate result."""
+    """The FastAPI app. ``generate(prompt_ids, params)`` returns one SDK generate result.
+
+    ``app.state.models`` lists the served model names (``model`` first); a caller may add an
+    alias, e.g. a LoRA adapter's name once it is loaded."""
     app = FastAPI(title="cortex-recipes TITO gateway", docs_url=None, redoc_url=None)
+    app.state.models = [model]
     app.state.requests = []  # (session id, prompt ids, completion ids) for audits and tests
     counter = iter(range(1, 1 << 62))
 
@@ -104,16 +112,19 @@ def create_gateway_app(
     def models() -> dict:
         return {
             "object": "list",
-            "data": [{"id": model, "object": "model", "max_model_len": max_model_len}],
+            "data": [
+                {"id": name, "object": "model", "max_model_len": max_model_len}
+                for name in app.state.models
+            ],
         }
 
     @app.post("/inference/v1/generate")
     def generate_route(body: dict, request: Request):
         try:
-            if body.get("model") != model:
+            if body.get("model") not in app.state.models:
                 return JSONResponse(
                     {
-                        "error": f"model={body.get('model')!r} is not served; this gateway serves {model!r}"
+                        "error": f"model={body.get('model')!r} is not served; this gateway serves {app.state.models!r}"
                     },
                     status_code=404,
                 )

@@ -1,0 +1,254 @@
+"""The inference adapter: what prime-rl's orchestrator and env-server need of a vLLM server,
+served from a Cortex sampling sub-job through the SDK.
+
+Routes (prime-rl 559b447 ``utils/client.py``; admin calls strip ``/v1``):
+- ``GET /health``, ``GET /v1/models`` (with ``max_model_len``) and
+  ``POST /inference/v1/generate``: the token-in/token-out gateway of
+  :mod:`cortex_recipes.tito.gateway`, unchanged (every sampling key prime-rl sends is accepted;
+  ``cache_salt`` is dropped because each weight sync resets the sampler's prefix cache);
+- ``POST /pause?mode=keep|wait`` and ``POST /resume``: while paused, new generate calls wait;
+  calls already with the sampler finish (``keep`` and ``wait`` both return at once here: the
+  Cortex sampler serialises a weight sync behind the requests it already holds);
+- ``POST /update_weights {"weight_dir": ".../broadcasts/step_<v>"}`` and
+  ``POST /load_lora_adapter {"lora_name", "lora_path"}``: make the sampler hold exactly version
+  ``v``: a ``weight_sync`` from the training sub-job, only while the trainer adapter's live file
+  says it holds ``v`` and is not stepping (:mod:`cortex_recipes.primerl.broadcasts`), then a
+  prefix-cache reset and the ``APPLIED`` marker. Asking again for the version already applied
+  is a no-op (prime-rl retries these calls); asking for a version whose weights are no longer
+  (or not yet) live is a 409 naming both versions: a wrong label is never produced;
+- ``GET /metrics``: Prometheus text of this adapter's own counters (``cortex_recipes:*``;
+  prime-rl mirrors only ``vllm:*`` families and tolerates their absence).
+
+One weight update runs at a time. The server binds 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from cortex_recipes.endpoint import sub_job_ids
+from cortex_recipes.primerl import broadcasts
+from cortex_recipes.tito.gateway import create_gateway_app, sdk_generate
+
+log = logging.getLogger(__name__)
+
+PAUSE_MODES = ("keep", "wait")
+WEIGHT_FORMATS = ("hf", "vllm", "lora")
+
+
+class WeightVersionConflict(RuntimeError):
+    """The asked-for version is not what the training sub-job holds; becomes a 409."""
+
+
+class InferenceAdapter:
+    """The app and the weight-version logic behind it; ``app`` is a FastAPI application."""
+
+    def __init__(
+        self,
+        client,
+        job_id: str,
+        *,
+        model: str,
+        max_model_len: int,
+        output_dir: Path,
+        weight_format: str = "hf",
+        base_seed: int = 0,
+    ):
+        if weight_format not in WEIGHT_FORMATS:
+            raise ValueError(
+                f"weight_format={weight_format!r}; accepted: {', '.join(WEIGHT_FORMATS)}"
+            )
+        self.client = client
+        self.job_id = job_id
+        self.output_dir = Path(output_dir)
+        self.weight_format = weight_format
+        ids = sub_job_ids(client.get_job(job_id))
+        if "sampling" not in ids:
+            raise ValueError(f"job {job_id} has no sampling sub-job (it has {sorted(ids)})")
+        # None for a sampling-only job: it serves, but cannot take weight updates.
+        self.training, self.sampling = ids.get("training"), ids["sampling"]
+        self.version = broadcasts.latest_applied(self.output_dir)  # None: the base weights
+        self._resumed = threading.Event()
+        self._resumed.set()
+        self._update_lock = threading.Lock()
+        self.counters = {
+            "generate_requests": 0,
+            "generate_tokens": 0,
+            "weight_updates": 0,
+            "weight_update_noops": 0,
+            "weight_update_conflicts": 0,
+            "pauses": 0,
+        }
+        self.last_update_s = 0.0
+        sampler = sdk_generate(client, job_id)
+
+        def generate(prompt_ids: list[int], params: dict) -> dict:
+            self._resumed.wait()
+            result = sampler(prompt_ids, params)
+            self.counters["generate_requests"] += 1
+            self.counters["generate_tokens"] += len(result.get("token_ids") or [])
+            return result
+
+        self.app = create_gateway_app(
+            generate, model=model, max_model_len=max_model_len, base_seed=base_seed
+        )
+        self._add_routes()
+
+    # -- weights ---------------------------------------------------------------------------
+
+    def apply(self, weight_dir: str | Path, weight_format: str | None = None) -> dict[str, Any]:
+        """Make the sampler hold exactly the version ``weight_dir`` names."""
+        version = broadcasts.version_of(weight_dir)
+        with self._update_lock:
+            if self.version == version:
+                self.counters["weight_update_noops"] += 1
+                return {"version": version, "synced": False}
+            manifest = broadcasts.read_manifest(broadcasts.version_dir(self.output_dir, version))
+            if (
+                Path(weight_dir).resolve()
+                != broadcasts.version_dir(self.output_dir, version).resolve()
+            ):
+                raise broadcasts.BroadcastError(
+                    f"weight_dir={str(weight_dir)!r} is not under this adapter's output_dir "
+                    f"{str(self.output_dir)!r}"
+                )
+            live = broadcasts.read_live(self.output_dir)
+            if live is None or live["version"] != version or live["state"] != "stable":
+                self.counters["weight_update_conflicts"] += 1
+                held = (
+                    "no published version"
+                    if live is None
+                    else "version {version} ({state})".format(**live)
+                )
+                raise WeightVersionConflict(
+                    f"weight_dir names version {version}, but the training sub-job holds "
+                    f"{held}; syncing now would label other weights as this version"
+                )
+            if self.training is None:
+                raise WeightVersionConflict(
+                    f"job {self.job_id} has no training sub-job to sync version {version} from"
+                )
+            t0 = time.monotonic()
+            fmt = weight_format or self.weight_format
+            self.client.poll_request(
+                self.job_id,
+                self.client.weight_sync(
+                    self.job_id, self.training, [self.sampling], weight_format=fmt
+                ),
+            )
+            self.client.reset_prefix_cache(self.job_id, sub_job_id=self.sampling)
+            self.last_update_s = time.monotonic() - t0
+            self.version = version
+            self.counters["weight_updates"] += 1
+            broadcasts.mark_applied(
+                self.output_dir,
+                version,
+                {
+                    "checkpoint_id": manifest["checkpoint_id"],
+                    "sync_s": round(self.last_update_s, 3),
+                },
+            )
+            log.info("sampler now holds version %d (%.2f s)", version, self.last_update_s)
+            return {"version": version, "synced": True}
+
+    # -- routes ----------------------------------------------------------------------------
+
+    def _add_routes(self) -> None:
+        app = self.app
+
+        def fail(status: int, message: str) -> JSONResponse:
+            return JSONResponse({"error": message}, status_code=status)
+
+        @app.get("/health")
+        def health() -> dict:
+            return {"status": "ok", "paused": not self._resumed.is_set()}
+
+        @app.post("/pause")
+        def pause(mode: str = "keep", clear_cache: str = "false") -> Any:
+            if mode not in PAUSE_MODES:
+                return fail(400, f"mode={mode!r}; accepted: {', '.join(PAUSE_MODES)}")
+            if clear_cache not in ("true", "false"):
+                return fail(400, f"clear_cache={clear_cache!r}; accepted: true, false")
+            self._resumed.clear()
+            self.counters["pauses"] += 1
+            return {"status": "paused"}
+
+        @app.post("/resume")
+        def resume() -> dict:
+            self._resumed.set()
+            return {"status": "resumed"}
+
+        def update(weight_dir: Any, weight_format: str | None, field: str) -> Any:
+            if not isinstance(weight_dir, str) or not weight_dir:
+                return fail(
+                    400,
+                    f"{field}={weight_dir!r}; accepted: a path '<output_dir>/broadcasts/step_<v>'",
+                )
+            try:
+                broadcasts.version_of(weight_dir)
+            except broadcasts.BroadcastError as exc:
+                return fail(400, f"{field}: {exc}")
+            try:
+                return self.apply(weight_dir, weight_format)
+            except broadcasts.BroadcastError as exc:
+                return fail(404, str(exc))
+            except WeightVersionConflict as exc:
+                return fail(409, str(exc))
+
+        @app.post("/update_weights")
+        async def update_weights(request: Request) -> Any:
+            body = await _json_object(request)
+            if isinstance(body, JSONResponse):
+                return body
+            import anyio
+
+            return await anyio.to_thread.run_sync(
+                update, body.get("weight_dir"), None, "weight_dir"
+            )
+
+        @app.post("/load_lora_adapter")
+        async def load_lora_adapter(request: Request) -> Any:
+            body = await _json_object(request)
+            if isinstance(body, JSONResponse):
+                return body
+            name = body.get("lora_name")
+            if not isinstance(name, str) or not name:
+                return fail(400, f"lora_name={name!r}; accepted: a non-empty string")
+            import anyio
+
+            answer = await anyio.to_thread.run_sync(
+                update, body.get("lora_path"), "lora", "lora_path"
+            )
+            if not isinstance(answer, JSONResponse) and name not in app.state.models:
+                app.state.models.append(name)
+            return answer
+
+        @app.get("/metrics")
+        def metrics() -> PlainTextResponse:
+            lines = [f"cortex_recipes:{k}_total {v}" for k, v in self.counters.items()]
+            lines.append(
+                f"cortex_recipes:policy_version {-1 if self.version is None else self.version}"
+            )
+            lines.append(f"cortex_recipes:last_weight_update_seconds {self.last_update_s:.6f}")
+            lines.append(f"cortex_recipes:paused {0 if self._resumed.is_set() else 1}")
+            return PlainTextResponse("\n".join(lines) + "\n")
+
+
+async def _json_object(request: Request) -> dict | JSONResponse:
+    try:
+        body = await request.json()
+    except ValueError:
+        return JSONResponse({"error": "the body must be a JSON object"}, status_code=400)
+    if not isinstance(body, dict):
+        return JSONResponse(
+            {"error": f"the body must be a JSON object, got {type(body).__name__}"},
+            status_code=400,
+        )
+    return body

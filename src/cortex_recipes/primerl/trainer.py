@@ -1,0 +1,260 @@
+"""The trainer adapter: prime-rl's filesystem trainer protocol on a Cortex training sub-job.
+
+prime-rl's orchestrator writes ``rollouts/step_<N>/rank_0.bin`` (steps from 1) and waits for the
+trainer's ``broadcasts/step_<v>/STABLE`` (versions from 0). This adapter plays that trainer:
+
+1. start: from scratch it saves the untouched weights as a checkpoint and publishes
+   version 0; after a kill it loads the newest *published* version's resumable checkpoint
+   (weights and optimizer state) and carries on at the next step. A step that was trained but
+   not published is trained again from its rollout file, so nothing is half-applied.
+2. step ``N``: wait for the rollout file, decode it (fails closed naming the file and field,
+   :mod:`cortex_recipes.primerl.rollout_files`), build one ``grpo`` frame from all its samples
+   (prime-rl's per-token advantages; ``old_log_probs_shifted`` from ``inference_logprobs``),
+   ``forward_backward``; then, before the optimizer ``step``, wait until the sampler has applied
+   version ``N-1`` (:mod:`cortex_recipes.primerl.broadcasts` invariant 4, the weight-version
+   hazard); ``step``; save a resumable checkpoint (exactly those weights; its id goes in the version's manifest); publish
+   version ``N``.
+
+Metrics (one JSON object per step in ``<output_dir>/cortex/trainer_metrics.jsonl``): loss,
+``mismatch_kl/mean``, ``time/wait_for_batch``, ``time/wait_for_sync``, ``time/train``,
+``time/save``, and the version published. Temperatures are not sent: the Cortex sampler
+returns raw (unscaled) logprobs, which is what the trainer computes at temperature 1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from cortex_training import wire
+
+from cortex_recipes.payloads import RESPONSE_OPTIONS
+from cortex_recipes.primerl import broadcasts
+from cortex_recipes.primerl.rollout_files import Row, read_rows, rollout_path
+from cortex_recipes.rl.grpo import GRPO_DEFAULTS
+from cortex_recipes.rollouts import pad_rows
+from cortex_recipes.supervision import next_token_mask
+
+log = logging.getLogger(__name__)
+
+METRICS = "trainer_metrics.jsonl"
+
+
+@dataclass
+class TrainerAdapterConfig:
+    output_dir: Path  # prime-rl's orchestrator output_dir (rollouts/ and broadcasts/ live here)
+    job_id: str  # a running Cortex job with one training and one sampling sub-job
+    max_steps: int
+    pad_id: int = 0
+    loss_config: dict[str, Any] = field(default_factory=dict)
+    learning_rate: float | None = None
+    rank: int = 0
+    poll_s: float = 0.1
+    # prime-rl's orchestrator waits up to 1200 s for the trainer's first version; the same
+    # bound is used for every wait here.
+    batch_timeout_s: float = 1200.0
+    sync_timeout_s: float = 1200.0
+    # With filesystem broadcasts prime-rl's orchestrator may stop before it applies
+    # v{max_steps-1} (nothing samples from the last versions), so the last step waits only
+    # this long; a later request for that version is then refused (409), never mislabelled.
+    final_sync_timeout_s: float = 30.0
+
+
+def prediction_aligned(values: Sequence[float], width: int) -> torch.Tensor:
+    """Token-aligned values -> one prediction-aligned row of ``width`` (the one shift)."""
+    row = next_token_mask([float(v) for v in values])
+    out = torch.zeros(width)
+    out[: len(row)] = torch.tensor(row)
+    return out
+
+
+def grpo_rows_frame(
+    rows: Sequence[Row], pad_id: int, loss_config: dict[str, Any]
+) -> tuple[bytes, dict[str, Any]]:
+    """One ``grpo`` forward-backward frame from prime-rl samples, and what it holds."""
+    input_ids = pad_rows([r.input_ids for r in rows], pad_id)
+    width = input_ids.shape[1]
+    mask = torch.stack(
+        [prediction_aligned([1.0 if m else 0.0 for m in r.loss_mask], width) for r in rows]
+    )
+    advantages = torch.stack([prediction_aligned(r.advantages, width) for r in rows]) * mask
+    old = torch.stack([prediction_aligned(r.inference_logprobs, width) for r in rows]) * mask
+    frame = wire.dumps(
+        {
+            "args": (),
+            "kwargs": {"input_ids": input_ids},
+            "context": {
+                "input_ids": input_ids,
+                "loss_mask": mask,
+                "advantages": advantages,
+                "old_log_probs_shifted": old,
+            },
+            "processing": {"loss_fn": "grpo", "config": {**GRPO_DEFAULTS, **loss_config}},
+        },
+        metadata=RESPONSE_OPTIONS,
+    )
+    stats = {
+        "samples": len(rows),
+        "trainable_tokens": int(mask.sum()),
+        "advantage/mean": float(advantages.sum() / mask.sum()),
+        "envs": sorted({r.env_name for r in rows}),
+    }
+    return frame, stats
+
+
+class TrainerAdapter:
+    def __init__(self, client, config: TrainerAdapterConfig):
+        self.client = client
+        self.config = config
+        self.output_dir = Path(config.output_dir)
+        self.version: int | None = None
+
+    # -- start and resume ---------------------------------------------------------------
+
+    def start(self) -> int:
+        """Publish version 0, or restore the newest published version; returns it."""
+        job_id = self.config.job_id
+        latest = broadcasts.latest_published(self.output_dir)
+        if latest is None:
+            broadcasts.write_live(self.output_dir, 0, "stable", job_id)
+            self._publish(0, time.monotonic())
+            log.info("published version 0 (the starting weights)")
+        else:
+            version = latest["version"]
+            source = latest["job_id"] if latest["job_id"] != job_id else None
+            broadcasts.write_live(self.output_dir, version, "stepping", job_id)
+            self.client.poll_request(
+                job_id, self.client.load(job_id, latest["checkpoint_id"], source_job_id=source)
+            )
+            broadcasts.write_live(self.output_dir, version, "stable", job_id)
+            log.info("resumed at version %d from checkpoint %s", version, latest["checkpoint_id"])
+        self.version = broadcasts.latest_published(self.output_dir)["version"]
+        return self.version
+
+    def _publish(self, version: int, t0: float) -> dict[str, Any]:
+        saved = self.client.poll_request(
+            self.config.job_id,
+            self.client.save(self.config.job_id, checkpoint_type="resumable"),
+        )
+        broadcasts.publish(
+            self.output_dir,
+            version,
+            {
+                "job_id": self.config.job_id,
+                "checkpoint_id": saved["checkpoint_id"],
+                "stage_path": saved.get("stage_path"),
+            },
+        )
+        return {"time/save": round(time.monotonic() - t0, 3)}
+
+    # -- one step -------------------------------------------------------------------------
+
+    def _sampler_has(self, version: int) -> bool:
+        if version == 0 and broadcasts.latest_applied(self.output_dir) is None:
+            return True  # nothing was ever synced: the sampler holds the base weights, v0
+        return broadcasts.is_applied(self.output_dir, version)
+
+    def _wait_for_sampler(self, step: int) -> float:
+        """Seconds until the sampler holds version ``step - 1`` (invariant 4 of broadcasts)."""
+        final = step == self.config.max_steps
+        t0 = time.monotonic()
+        try:
+            return broadcasts.wait_for(
+                lambda: self._sampler_has(step - 1),
+                timeout_s=self.config.final_sync_timeout_s if final else self.config.sync_timeout_s,
+                poll_s=self.config.poll_s,
+                what=f"the sampler to apply version {step - 1} (its APPLIED marker)",
+            )
+        except TimeoutError:
+            if not final:
+                raise
+            log.warning("last step %d: version %d was not applied; stepping anyway", step, step - 1)
+            return time.monotonic() - t0
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        config, job_id = self.config, self.config.job_id
+        if self.version != step - 1:
+            raise RuntimeError(
+                f"step={step} needs version {step - 1}; trainer holds {self.version}"
+            )
+        path = rollout_path(self.output_dir, step, config.rank)
+        waited = broadcasts.wait_for(
+            path.is_file, timeout_s=config.batch_timeout_s, poll_s=config.poll_s, what=str(path)
+        )
+        rows = read_rows(path)
+        frame, stats = grpo_rows_frame(rows, config.pad_id, config.loss_config)
+        t_train = time.monotonic()
+        result = self.client.poll_request(job_id, self.client.forward_backward(job_id, frame))
+        synced = self._wait_for_sampler(step)
+        broadcasts.write_live(self.output_dir, step - 1, "stepping", job_id)
+        stepped = self.client.poll_request(
+            job_id, self.client.step(job_id, learning_rate=config.learning_rate)
+        )
+        train_s = time.monotonic() - t_train - synced
+        saved = self._publish(step, time.monotonic())
+        broadcasts.write_live(self.output_dir, step, "stable", job_id)
+        self.version = step
+        record = {
+            "step": step,
+            "policy_version": step,
+            "loss": result.get("avg_loss"),
+            "mismatch_kl/mean": (result.get("metrics") or {}).get("approx_kl"),
+            "grad_norm": (stepped or {}).get("grad_norm"),
+            **stats,
+            "time/wait_for_batch": round(waited, 3),
+            "time/wait_for_sync": round(synced, 3),
+            "time/train": round(train_s, 3),
+            **saved,
+        }
+        metrics = self.output_dir / "cortex" / METRICS
+        metrics.parent.mkdir(parents=True, exist_ok=True)
+        with open(metrics, "a") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+        log.info(
+            "step %d: %d samples, loss %s, published v%d", step, len(rows), record["loss"], step
+        )
+        return record
+
+    def run(self) -> list[dict[str, Any]]:
+        """Start (or resume) and train until ``max_steps`` is published."""
+        start = self.start()
+        return [self.train_step(step) for step in range(start + 1, self.config.max_steps + 1)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m cortex_recipes.primerl.trainer --connection FILE --job-id ID ...``"""
+    import argparse
+
+    from cortex_recipes.endpoint import connect
+
+    parser = argparse.ArgumentParser(prog="python -m cortex_recipes.primerl.trainer")
+    parser.add_argument("--connection", required=True, help="a connection file (endpoint.py)")
+    parser.add_argument("--job-id", required=True)
+    parser.add_argument("--output-dir", required=True, type=Path)
+    parser.add_argument("--max-steps", required=True, type=int)
+    parser.add_argument("--pad-id", type=int, default=0)
+    parser.add_argument("--learning-rate", type=float, default=None)
+    parser.add_argument("--loss-config", default="{}", help="grpo processor config (JSON)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    config = TrainerAdapterConfig(
+        output_dir=args.output_dir,
+        job_id=args.job_id,
+        max_steps=args.max_steps,
+        pad_id=args.pad_id,
+        learning_rate=args.learning_rate,
+        loss_config=json.loads(args.loss_config),
+    )
+    with connect(args.connection, client_options={"poll_timeout": 600}) as client:
+        TrainerAdapter(client, config).run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
