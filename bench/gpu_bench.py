@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import transformers
 from cortex_training import SubJobConfig, wire
 
 from cortex_recipes.local import LocalBackend
@@ -278,7 +279,7 @@ def report(args, path: Path, server: dict, local: dict) -> dict:
         "dtype": args.dtype,
         "n_parameters": n,
         "torch": torch.__version__,
-        "transformers": __import__("transformers").__version__,
+        "transformers": transformers.__version__,
         "threads": args.threads,
         "placement": server["placement"],
         "timing": {"statistic": "median", "warmup": args.warmup, "repeats": args.repeats},
