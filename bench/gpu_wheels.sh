@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Download, here (where PyPI is reachable), the wheels that bench/gpu_check.sh installs on a
-# bare GPU machine, into .whl/ (ignored by git; the device tool carries it). Versions come from
-# uv.lock. The machine already has torch, transformers, peft and the packages its image lists
-# (docs/local-backend.md, "The GPU path"), so only what it lacks is fetched: the project's
-# imports minus the image's packages, found by tracing every import of a CPU run of the check.
+# bare GPU machine, into .whl/ (ignored by git: what copies the tree there must carry it too).
+# Versions come from uv.lock. The machine already has torch, transformers, peft and the
+# packages its image lists (docs/local-backend.md, "The GPU path"), so only what it lacks is
+# fetched: the project's imports minus the image's packages, found by tracing every import of a
+# CPU run of the check.
 #
 #   bench/gpu_wheels.sh            # fills .whl/, prints the sizes against the 64 MiB limit
 #   bench/gpu_wheels.sh --python-version 3.11 --dest /tmp/whl311   # for a rehearsal here
@@ -36,6 +37,7 @@ packages=(
   # TITO: verifiers v1 and what it imports on import
   verifiers anthropic docstring-parser httpx2 httpcore2 truststore math-verify latex2sympy2-extended
   antlr4-python3-runtime prime-sandboxes connectrpc pyqwest protobuf-py protobuf-py-ext tomli-w
+  # the image has a protobuf, but generated code checks its runtime version: bring the lock's
   protobuf
 )
 # Locked packages published only as sdists, pure Python: built into wheels here.
