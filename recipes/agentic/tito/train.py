@@ -11,7 +11,8 @@
    the previous prompt + completion ids; tool results are appended as context. The trace's
    ``sampled_mask`` is the action mask: ``grpo`` trains only on the tokens the model sampled,
    with the sampler's logprobs as ``old_log_probs_shifted``. Then step and weight sync.
-4. Checkpoints every ``ckpt.interval`` steps (resumable save + state); rerunning resumes.
+4. Checkpoints every ``ckpt.interval`` steps (resumable save + state) in the run folder
+   ``runs/tito/<run_name>/`` (cortex_recipes.run); rerunning the command resumes.
 """
 
 from __future__ import annotations
@@ -23,14 +24,12 @@ import os
 import random
 import sys
 import time
-from pathlib import Path
 
 import chz
 import verifiers.v1 as vf
 from verifiers.v1.clients import resolve_client
 from verifiers.v1.configs.client import TrainClientConfig
 
-from cortex_recipes.endpoint import LOCAL, connect, sub_job_ids
 from cortex_recipes.envs.glossary import (
     GlossaryConfig,
     GlossaryTaskset,
@@ -39,8 +38,7 @@ from cortex_recipes.envs.glossary import (
 )
 from cortex_recipes.models import load_tokenizer, resolve_model_path
 from cortex_recipes.payloads import sft_frame
-from cortex_recipes.rl.checkpoint import CheckpointError, RunCheckpoints
-from cortex_recipes.run_log import RunLog
+from cortex_recipes.run import Trainer, open_run
 from cortex_recipes.supervision import collate, make_renderer
 from cortex_recipes.tito.episode import run_episode
 from cortex_recipes.tito.gateway import Gateway, create_gateway_app, sdk_generate
@@ -59,8 +57,9 @@ GATEWAY_KEY_ENV = (
 class Config:
     profile: str = DEFAULT_PROFILE
     connection: str = "local"
-    log_path: str = ""  # default: runs/tito/<profile name>
-    if_exists: str = "resume"  # resume | overwrite | fail
+    run_name: str = ""  # default: the profile name; the run lives in runs/tito/<run_name>
+    log_path: str = ""  # a run folder other than runs/tito/<run_name>
+    if_exists: str = "resume"  # resume | overwrite | fail, when the run folder holds a run
     rl_steps: int = 0  # 0: the profile's rl.steps
     warm_start_steps: int = -1  # < 0: the profile's warm_start.steps
     stop_after_step: int = 0  # > 0: stop after this RL step (an interruption, for resume checks)
@@ -71,22 +70,13 @@ def main(config: Config) -> dict:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     profile = load_tito_profile(config.profile)
-    run_dir = Path(config.log_path or f"runs/tito/{profile.name}")
-    checkpoints = RunCheckpoints(run_dir / "checkpoints")
-    if config.if_exists not in ("resume", "overwrite", "fail"):
-        raise ValueError(f"if_exists={config.if_exists!r}; accepted: resume, overwrite, fail")
-    if checkpoints.steps() and config.if_exists == "fail":
-        raise CheckpointError(
-            f"{run_dir} already holds checkpoints; pass if_exists=resume or overwrite"
-        )
-    if config.if_exists == "overwrite":
-        checkpoints.clear()
-    resume = checkpoints.latest()
-    if resume is not None and resume.get("config_hash") != profile.config_hash:
-        raise CheckpointError(
-            f"{checkpoints.root}/step_{resume['step']}: profile hash {resume.get('config_hash')} "
-            f"differs from this run's {profile.config_hash}; use the same profile or if_exists=overwrite"
-        )
+    run = open_run(
+        "tito", profile, config,
+        log_path=config.log_path, run_name=config.run_name, if_exists=config.if_exists,
+    )  # fmt: skip
+    if run.finished:
+        return run.finished
+    resume = run.resume
 
     tokenizer = load_tokenizer(profile.raw["model"])
     renderer = make_renderer(tokenizer, profile.raw["renderer"])
@@ -99,43 +89,22 @@ def main(config: Config) -> dict:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     rl_steps = config.rl_steps or profile.rl["steps"]
     seed = profile.raw.get("seed", 0)
-    run = RunLog(
-        run_dir,
-        keep_through_step=resume["step"] if resume else None,
-        config=chz.asdict(config),
-        profile=profile.raw,
-    )
     started = time.monotonic()
 
-    with connect(
-        config.connection,
-        state_dir=run_dir / "backend" if config.connection == LOCAL else None,
-    ) as client:
-        job_id = client.create_job(profile.sub_jobs())
-        ids = sub_job_ids(client.wait_for_job(job_id))
-
-        def sync() -> None:
-            client.poll_request(
-                job_id,
-                client.weight_sync(job_id, ids["training"], [ids["sampling"]], weight_format="hf"),
-            )
-
+    with run.connect(config.connection) as client:
+        trainer = Trainer.start(client, profile.sub_jobs(), run, weight_format="hf")
+        job_id = trainer.job_id
         if resume is not None:
-            source = resume["trainer"]
-            client.poll_request(
-                job_id, client.load(job_id, source["checkpoint_id"], source_job_id=source["job_id"])
-            )
-            sync()
+            trainer.load(resume)  # and sync
             state = resume["state"]
-            log.info("resumed after RL step %d", resume["step"])
         else:
             state = {
                 "warm_start": warm_start(
-                    client, job_id, profile, config, tokenizer, renderer, tools, pad_id
+                    trainer, profile, config, tokenizer, renderer, tools, pad_id
                 )
             }
-            sync()
-            save(client, job_id, checkpoints, run, 0, profile, state)
+            trainer.sync()
+            trainer.save_resumable(0, {"state": state})
 
         app = create_gateway_app(
             sdk_generate(client, job_id),
@@ -190,11 +159,8 @@ def main(config: Config) -> dict:
                 frame, stats = episode_frame(
                     groups, pad_id, {"eps_clip": profile.rl.get("eps_clip", 0.2)}
                 )
-                result = client.poll_request(job_id, client.forward_backward(job_id, frame))
-                client.poll_request(
-                    job_id, client.step(job_id, learning_rate=profile.rl["learning_rate"])
-                )
-                sync()
+                result, _ = trainer.train_step(frame, learning_rate=profile.rl["learning_rate"])
+                trainer.sync()
                 record = {
                     "step": step,
                     "loss": result["avg_loss"],
@@ -209,12 +175,12 @@ def main(config: Config) -> dict:
                     stats["tool_turns/mean"], stats["trainable_tokens"],
                 )  # fmt: skip
                 if step % profile.raw.get("ckpt", {}).get("interval", 1) == 0 or step == rl_steps:
-                    save(client, job_id, checkpoints, run, step, profile, state)
+                    trainer.save_resumable(step, {"state": state})
                 if config.stop_after_step and step >= config.stop_after_step and step < rl_steps:
                     log.info("stopping after step %d as asked (stop_after_step)", step)
                     loop.close()
                     client.cancel_job(job_id)
-                    return {"stopped_after_step": step, "run_dir": str(run_dir)}
+                    return {"stopped_after_step": step, "run_dir": str(run.path)}
             eval_after = greedy_eval(play, tasks, seed)
             log.info("eval after RL: %s", eval_after)
             loop.close()
@@ -237,8 +203,7 @@ def main(config: Config) -> dict:
         "resumed_from_step": resume["step"] if resume else None,
         "wall_time_s": round(time.monotonic() - started, 1),
     }
-    run.summary(summary)
-    return summary
+    return run.summary(summary)
 
 
 def renderer_config(profile: TitoProfile):
@@ -265,7 +230,7 @@ def greedy_eval(play, tasks: list, seed: int) -> dict:
     }
 
 
-def warm_start(client, job_id, profile, config, tokenizer, renderer, tools, pad_id) -> dict:
+def warm_start(trainer, profile, config, tokenizer, renderer, tools, pad_id) -> dict:
     """SFT on the demonstrations (causal_cross_entropy), seeded batches, as the SFT journey."""
     steps = config.warm_start_steps if config.warm_start_steps >= 0 else profile.warm["steps"]
     examples = demonstrations(tokenizer, renderer, tools)
@@ -274,10 +239,7 @@ def warm_start(client, job_id, profile, config, tokenizer, renderer, tools, pad_
     for step in range(1, steps + 1):
         batch = [examples[rng.randrange(len(examples))] for _ in range(profile.warm["batch_size"])]
         frame = sft_frame(collate(batch, pad_id=pad_id, max_seq_len=profile.raw["max_seq_len"]))
-        result = client.poll_request(job_id, client.forward_backward(job_id, frame))
-        client.poll_request(
-            job_id, client.step(job_id, learning_rate=profile.warm["learning_rate"])
-        )
+        result, _ = trainer.train_step(frame, learning_rate=profile.warm["learning_rate"])
         losses.append(result["avg_loss"])
         if step % 25 == 0 or step == steps:
             log.info("warm start step %d/%d loss %.4f", step, steps, losses[-1])
@@ -286,17 +248,6 @@ def warm_start(client, job_id, profile, config, tokenizer, renderer, tools, pad_
         "first_loss": losses[0] if losses else None,
         "final_loss": losses[-1] if losses else None,
     }
-
-
-def save(client, job_id, checkpoints, run, step, profile, state) -> None:
-    saved = client.poll_request(job_id, client.save(job_id, checkpoint_type="resumable"))
-    trainer = {
-        "job_id": job_id,
-        "checkpoint_id": saved["checkpoint_id"],
-        "stage_path": saved["stage_path"],
-    }
-    checkpoints.save(step, {"config_hash": profile.config_hash, "trainer": trainer, "state": state})
-    run.checkpoint(step=step, **trainer)
 
 
 if __name__ == "__main__":
