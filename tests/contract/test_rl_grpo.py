@@ -10,11 +10,11 @@ import torch
 from cortex_training import wire
 
 from cortex_recipes.envs.math import MathEnv, MathEnvError, extract_answer
+from cortex_recipes.profiles import ProfileError
 from cortex_recipes.rl.grpo import ScoredGroup, group_advantages, group_seed, grpo_frame, task_order
 from cortex_recipes.rl.orchestrator import Intervals, overlap_seconds
 from cortex_recipes.rl.profile import load_grpo_profile
 from cortex_recipes.rollouts import Rollout, rollouts_from_results
-from cortex_recipes.sft import ProfileError
 
 pytestmark = pytest.mark.contract
 
@@ -40,7 +40,7 @@ def test_checked_in_profiles_build_sub_jobs_the_sdk_accepts(path):
         sub_job.validate()
     wire_training = training.to_wire()
     assert wire_training["job_type"] == "training"
-    assert profile.orchestrator["batch_size"] == profile.groups_per_step * profile.group_size
+    assert profile.orchestrator.batch_size == profile.groups_per_step * profile.group_size
     if profile.is_async:
         config = profile.lag_config()
         assert config.max_off_policy_steps >= config.max_async_level

@@ -30,6 +30,7 @@ import verifiers.v1 as vf
 from verifiers.v1.clients import resolve_client
 from verifiers.v1.configs.client import TrainClientConfig
 
+from cortex_recipes import profiles
 from cortex_recipes.envs.glossary import (
     GlossaryConfig,
     GlossaryTaskset,
@@ -55,21 +56,35 @@ GATEWAY_KEY_ENV = (
 
 @chz.chz
 class Config:
-    profile: str = DEFAULT_PROFILE
-    connection: str = "local"
-    run_name: str = ""  # default: the profile name; the run lives in runs/tito/<run_name>
-    log_path: str = ""  # a run folder other than runs/tito/<run_name>
-    if_exists: str = "resume"  # resume | overwrite | fail, when the run folder holds a run
-    rl_steps: int = 0  # 0: the profile's rl.steps
-    warm_start_steps: int = -1  # < 0: the profile's warm_start.steps
-    stop_after_step: int = 0  # > 0: stop after this RL step (an interruption, for resume checks)
+    profile: str = chz.field(
+        default=DEFAULT_PROFILE, doc="the profile file (JSON or TOML) under the recipe's configs/"
+    )
+    connection: str = chz.field(
+        default="local",
+        doc="'local' (the embedded backend) or a connection file for a Cortex endpoint",
+    )
+    run_name: str = chz.field(
+        default="", doc="default: the profile name; the run lives in runs/tito/<run_name>"
+    )
+    log_path: str = chz.field(default="", doc="a run folder other than runs/tito/<run_name>")
+    if_exists: str = chz.field(
+        default="resume", doc="resume | overwrite | fail, when the run folder holds a run"
+    )
+    rl_steps: int = chz.field(default=0, doc="0: the profile's rl.steps")
+    warm_start_steps: int = chz.field(default=-1, doc="< 0: the profile's warm_start.steps")
+    stop_after_step: int = chz.field(
+        default=0, doc="> 0: stop after this RL step (an interruption, for resume checks)"
+    )
+    overrides: tuple[str, ...] = chz.field(
+        default=(), doc="profile overrides: the command line's other key=value"
+    )
 
 
 def main(config: Config) -> dict:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    profile = load_tito_profile(config.profile)
+    profile = load_tito_profile(config.profile, config.overrides)
     run = open_run(
         "tito", profile, config,
         log_path=config.log_path, run_name=config.run_name, if_exists=config.if_exists,
@@ -78,8 +93,8 @@ def main(config: Config) -> dict:
         return run.finished
     resume = run.resume
 
-    tokenizer = load_tokenizer(profile.raw["model"])
-    renderer = make_renderer(tokenizer, profile.raw["renderer"])
+    tokenizer = load_tokenizer(profile.model)
+    renderer = make_renderer(tokenizer, profile.renderer)
     toolset = GlossaryToolset(vf.ToolsetConfig())
     tools = tool_specs(toolset)
     tasks = GlossaryTaskset(GlossaryConfig()).load()
@@ -87,8 +102,8 @@ def main(config: Config) -> dict:
         renderer, demonstration("ada lovelace"), wire_tools(tools)
     )  # before any training: refuse templates that cannot extend turns exactly
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    rl_steps = config.rl_steps or profile.rl["steps"]
-    seed = profile.raw.get("seed", 0)
+    rl_steps = config.rl_steps or profile.rl.steps
+    seed = profile.seed
     started = time.monotonic()
 
     with run.connect(config.connection) as client:
@@ -108,8 +123,8 @@ def main(config: Config) -> dict:
 
         app = create_gateway_app(
             sdk_generate(client, job_id),
-            model=profile.raw["model"],
-            max_model_len=profile.raw["max_seq_len"],
+            model=profile.model,
+            max_model_len=profile.max_seq_len,
             base_seed=seed,
         )
         os.environ.setdefault(GATEWAY_KEY_ENV, "local")
@@ -119,7 +134,7 @@ def main(config: Config) -> dict:
                     base_url=gateway.base_url,
                     api_key_var=GATEWAY_KEY_ENV,
                     renderer=renderer_config(profile),
-                    renderer_model_name=str(resolve_model_path(profile.raw["model"])),
+                    renderer_model_name=str(resolve_model_path(profile.model)),
                 )
             )
 
@@ -127,18 +142,18 @@ def main(config: Config) -> dict:
 
             def play(task, session: str, temperature: float):
                 sampling = vf.SamplingConfig(
-                    temperature=temperature, max_tokens=profile.rl["max_tokens"]
+                    temperature=temperature, max_tokens=profile.rl.max_tokens
                 )
                 return loop.run_until_complete(
                     run_episode(
                         train_client,
-                        model=profile.raw["model"],
+                        model=profile.model,
                         task=task,
                         toolset=toolset,
                         tools=tools,
                         sampling=sampling,
                         session_id=session,
-                        max_turns=profile.rl["max_turns"],
+                        max_turns=profile.rl.max_turns,
                     )
                 )
 
@@ -148,18 +163,16 @@ def main(config: Config) -> dict:
             first = resume["step"] + 1 if resume else 1
             for step in range(first, rl_steps + 1):
                 t0 = time.monotonic()
-                chosen = pick_tasks(tasks, profile.rl["tasks_per_step"], seed, step)
+                chosen = pick_tasks(tasks, profile.rl.tasks_per_step, seed, step)
                 groups = [
                     [
-                        play(task, f"{seed}-{step}-{task.data.idx}-{k}", profile.rl["temperature"])
-                        for k in range(profile.rl["group_size"])
+                        play(task, f"{seed}-{step}-{task.data.idx}-{k}", profile.rl.temperature)
+                        for k in range(profile.rl.group_size)
                     ]
                     for task in chosen
                 ]
-                frame, stats = episode_frame(
-                    groups, pad_id, {"eps_clip": profile.rl.get("eps_clip", 0.2)}
-                )
-                result, _ = trainer.train_step(frame, learning_rate=profile.rl["learning_rate"])
+                frame, stats = episode_frame(groups, pad_id, {"eps_clip": profile.rl.eps_clip})
+                result, _ = trainer.train_step(frame, learning_rate=profile.rl.learning_rate)
                 trainer.sync()
                 record = {
                     "step": step,
@@ -174,7 +187,7 @@ def main(config: Config) -> dict:
                     step, rl_steps, stats["reward/mean"], stats["model_turns/mean"],
                     stats["tool_turns/mean"], stats["trainable_tokens"],
                 )  # fmt: skip
-                if step % profile.raw.get("ckpt", {}).get("interval", 1) == 0 or step == rl_steps:
+                if step % profile.ckpt.interval == 0 or step == rl_steps:
                     trainer.save_resumable(step, {"state": state})
                 if config.stop_after_step and step >= config.stop_after_step and step < rl_steps:
                     log.info("stopping after step %d as asked (stop_after_step)", step)
@@ -209,7 +222,7 @@ def main(config: Config) -> dict:
 def renderer_config(profile: TitoProfile):
     from renderers.configs import Qwen3RendererConfig
 
-    return {"qwen3": Qwen3RendererConfig}[profile.raw["renderer"]]()
+    return {"qwen3": Qwen3RendererConfig}[profile.renderer]()
 
 
 def pick_tasks(tasks: list, n: int, seed: int, step: int) -> list:
@@ -232,14 +245,16 @@ def greedy_eval(play, tasks: list, seed: int) -> dict:
 
 def warm_start(trainer, profile, config, tokenizer, renderer, tools, pad_id) -> dict:
     """SFT on the demonstrations (causal_cross_entropy), seeded batches, as the SFT journey."""
-    steps = config.warm_start_steps if config.warm_start_steps >= 0 else profile.warm["steps"]
+    steps = config.warm_start_steps if config.warm_start_steps >= 0 else profile.warm_start.steps
     examples = demonstrations(tokenizer, renderer, tools)
-    rng = random.Random(profile.raw.get("seed", 0))
+    rng = random.Random(profile.seed)
     losses = []
     for step in range(1, steps + 1):
-        batch = [examples[rng.randrange(len(examples))] for _ in range(profile.warm["batch_size"])]
-        frame = sft_frame(collate(batch, pad_id=pad_id, max_seq_len=profile.raw["max_seq_len"]))
-        result, _ = trainer.train_step(frame, learning_rate=profile.warm["learning_rate"])
+        batch = [
+            examples[rng.randrange(len(examples))] for _ in range(profile.warm_start.batch_size)
+        ]
+        frame = sft_frame(collate(batch, pad_id=pad_id, max_seq_len=profile.max_seq_len))
+        result, _ = trainer.train_step(frame, learning_rate=profile.warm_start.learning_rate)
         losses.append(result["avg_loss"])
         if step % 25 == 0 or step == steps:
             log.info("warm start step %d/%d loss %.4f", step, steps, losses[-1])
@@ -251,7 +266,7 @@ def warm_start(trainer, profile, config, tokenizer, renderer, tools, pad_id) -> 
 
 
 if __name__ == "__main__":
-    out = main(chz.entrypoint(Config))
+    out = main(profiles.entrypoint(Config, TitoProfile))
     keys = ("profile", "eval_before_rl", "eval_after_rl", "rewards", "wall_time_s")
     print(json.dumps({k: out.get(k) for k in keys} if "profile" in out else out))
     sys.exit(0)

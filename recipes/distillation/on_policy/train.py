@@ -22,11 +22,12 @@ import chz
 import torch
 from cortex_training import wire
 
+from cortex_recipes import profiles
 from cortex_recipes.distill import teacher as teacher_lib
-from cortex_recipes.distill.profile import load_opd_profile
+from cortex_recipes.distill.profile import OPDProfile, load_opd_profile
 from cortex_recipes.models import load_tokenizer
 from cortex_recipes.payloads import RESPONSE_OPTIONS
-from cortex_recipes.rollouts import rollouts_from_results
+from cortex_recipes.rollouts import Rollout, rollouts_from_results, sampler_logprobs_shifted
 from cortex_recipes.run import Trainer, open_run
 from cortex_recipes.sampling import chat_prompt_ids, generate
 
@@ -36,13 +37,27 @@ DEFAULT_PROFILE = "recipes/distillation/on_policy/configs/local-cpu-smollm2-teac
 
 @chz.chz
 class Config:
-    profile: str = DEFAULT_PROFILE
-    connection: str = "local"
-    run_name: str = ""  # default: the profile name; the run lives in runs/opd/<run_name>
-    log_path: str = ""  # a run folder other than runs/opd/<run_name>
-    if_exists: str = "resume"  # resume | overwrite | fail, when the run folder holds a run
-    steps: int = 0  # 0: the profile's steps
-    ckpt_interval: int = 0  # > 0: a resumable save every this many steps (a resume point)
+    profile: str = chz.field(
+        default=DEFAULT_PROFILE, doc="the profile file (JSON or TOML) under the recipe's configs/"
+    )
+    connection: str = chz.field(
+        default="local",
+        doc="'local' (the embedded backend) or a connection file for a Cortex endpoint",
+    )
+    run_name: str = chz.field(
+        default="", doc="default: the profile name; the run lives in runs/opd/<run_name>"
+    )
+    log_path: str = chz.field(default="", doc="a run folder other than runs/opd/<run_name>")
+    if_exists: str = chz.field(
+        default="resume", doc="resume | overwrite | fail, when the run folder holds a run"
+    )
+    steps: int = chz.field(default=0, doc="0: the profile's steps")
+    ckpt_interval: int = chz.field(
+        default=0, doc="> 0: a resumable save every this many steps (a resume point)"
+    )
+    overrides: tuple[str, ...] = chz.field(
+        default=(), doc="profile overrides: the command line's other key=value"
+    )
 
 
 def teacher_fingerprint(client, job_id: str, teacher_id: str, probe: list[int]) -> str:
@@ -56,9 +71,7 @@ def teacher_fingerprint(client, job_id: str, teacher_id: str, probe: list[int]) 
     return hashlib.sha256(logprobs.float().numpy().tobytes()).hexdigest()[:16]
 
 
-def rollout(
-    client, job_id: str, prompts: list[list[int]], params: dict
-) -> list[teacher_lib.Rollout]:
+def rollout(client, job_id: str, prompts: list[list[int]], params: dict) -> list[Rollout]:
     return rollouts_from_results(
         prompts, generate(client, job_id, prompts, {**params, "logprobs": 0})
     )
@@ -70,7 +83,7 @@ def eval_reverse_kl(
     """Teacher reverse KL on a fixed prompt set with a fixed sampling seed: comparable across steps."""
     rollouts = rollout(client, job_id, prompts, {**params, "seed": 12345})
     input_ids, mask, scores = teacher_lib.score(client, job_id, teacher, rollouts, pad_id)
-    behaviour = teacher_lib.sampler_logprobs_shifted(rollouts, input_ids.shape[1])
+    behaviour = sampler_logprobs_shifted(rollouts, input_ids.shape[1])
     return teacher_lib.reverse_kl_on_samples(behaviour, scores, mask)
 
 
@@ -78,7 +91,7 @@ def main(config: Config) -> dict:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    profile = load_opd_profile(config.profile)
+    profile = load_opd_profile(config.profile, config.overrides)
     steps = config.steps or profile.steps
     run = open_run(
         "opd", profile, config,
@@ -100,13 +113,13 @@ def main(config: Config) -> dict:
         if student_tok.pad_token_id is not None
         else student_tok.eos_token_id
     )
-    rng = random.Random(profile.raw.get("seed", 0))
+    rng = random.Random(profile.seed)
     started = time.time()
-    params = {"max_tokens": profile.max_tokens, "temperature": profile.raw.get("temperature", 1.0)}
+    params = {"max_tokens": profile.max_tokens, "temperature": profile.temperature}
 
     with run.connect(config.connection) as client:
         trainer = Trainer.start(
-            client, profile.sub_jobs(), run, weight_format=profile.raw.get("weight_format", "hf")
+            client, profile.sub_jobs(), run, weight_format=profile.weight_format
         )
         job_id, teacher = trainer.job_id, trainer.sub_jobs["log_probability"]
         fingerprint = teacher_fingerprint(client, job_id, teacher, prompt_ids[0])
@@ -123,13 +136,13 @@ def main(config: Config) -> dict:
             batch = [
                 prompt_ids[rng.randrange(len(prompt_ids))] for _ in range(profile.rollouts_per_step)
             ]
-            step_seed = profile.raw.get("seed", 0) * 100_003 + step
+            step_seed = profile.seed * 100_003 + step
             rollouts = rollout(client, job_id, batch, {**params, "seed": step_seed})
             t_gen = time.time()
             input_ids, mask, teacher_scores = teacher_lib.score(
                 client, job_id, teacher, rollouts, pad_id
             )
-            behaviour = teacher_lib.sampler_logprobs_shifted(rollouts, input_ids.shape[1])
+            behaviour = sampler_logprobs_shifted(rollouts, input_ids.shape[1])
             reverse_kl = teacher_lib.reverse_kl_on_samples(behaviour, teacher_scores, mask)
             baseline = teacher_lib.teacher_baseline(
                 behaviour, teacher_scores, mask, profile.grpo_config()
@@ -217,6 +230,6 @@ def _rng_state(saved: list) -> tuple:
 
 
 if __name__ == "__main__":
-    out = main(chz.entrypoint(Config))
+    out = main(profiles.entrypoint(Config, OPDProfile))
     print(json.dumps({k: out[k] for k in ("profile", "eval_teacher_reverse_kl", "wall_time_s")}))
     sys.exit(0)

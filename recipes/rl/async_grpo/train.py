@@ -23,7 +23,9 @@ import time
 
 import chz
 
+from cortex_recipes import profiles
 from cortex_recipes.models import load_tokenizer
+from cortex_recipes.profiles import ProfileError
 from cortex_recipes.reconnect import is_recoverable
 from cortex_recipes.rl.grpo import (
     ScoredGroup,
@@ -38,7 +40,6 @@ from cortex_recipes.rl.policy_lag import RolloutBook
 from cortex_recipes.rl.profile import GRPOProfile, load_grpo_profile
 from cortex_recipes.run import Run, Trainer, open_run
 from cortex_recipes.sampling import chat_prompt_ids
-from cortex_recipes.sft import ProfileError
 
 log = logging.getLogger("recipes.rl.async_grpo")
 DEFAULT_PROFILE = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
@@ -46,21 +47,35 @@ DEFAULT_PROFILE = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
 
 @chz.chz
 class Config:
-    profile: str = DEFAULT_PROFILE
-    connection: str = "local"
-    run_name: str = ""  # default: the profile name; the run lives in runs/async_grpo/<run_name>
-    log_path: str = ""  # a run folder other than runs/async_grpo/<run_name>
-    if_exists: str = "resume"  # resume | overwrite | fail, when the run folder holds a run
-    max_steps: int = 0  # 0: the profile's max_steps
-    max_reconnects: int = 3
-    env_latency_s: float = -1.0  # < 0: the profile's env.latency_s
+    profile: str = chz.field(
+        default=DEFAULT_PROFILE, doc="the profile file (JSON or TOML) under the recipe's configs/"
+    )
+    connection: str = chz.field(
+        default="local",
+        doc="'local' (the embedded backend) or a connection file for a Cortex endpoint",
+    )
+    run_name: str = chz.field(
+        default="", doc="default: the profile name; the run lives in runs/async_grpo/<run_name>"
+    )
+    log_path: str = chz.field(default="", doc="a run folder other than runs/async_grpo/<run_name>")
+    if_exists: str = chz.field(
+        default="resume", doc="resume | overwrite | fail, when the run folder holds a run"
+    )
+    max_steps: int = chz.field(default=0, doc="0: the profile's max_steps")
+    max_reconnects: int = chz.field(
+        default=3, doc="reconnects after a lost backend before the run gives up"
+    )
+    env_latency_s: float = chz.field(default=-1.0, doc="< 0: the profile's env.latency_s")
+    overrides: tuple[str, ...] = chz.field(
+        default=(), doc="profile overrides: the command line's other key=value"
+    )
 
 
 def main(config: Config) -> dict:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    profile = load_grpo_profile(config.profile)
+    profile = load_grpo_profile(config.profile, config.overrides)
     if not profile.is_async:
         raise ProfileError(
             f"{config.profile}: orchestrator.max_async_level is not set; "
@@ -97,22 +112,19 @@ def main(config: Config) -> dict:
 
 
 def train(client, config, profile: GRPOProfile, run: Run, reconnects: int) -> dict:
-    raw, resume = profile.raw, run.resume
-    max_steps = config.max_steps or raw["max_steps"]
+    resume = run.resume
+    max_steps = config.max_steps or profile.max_steps
     lag = profile.lag_config()
-    tokenizer = load_tokenizer(raw["model"])
+    tokenizer = load_tokenizer(profile.model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    env_cfg = raw["env"]
-    eval_cfg = raw.get("eval", {})
     env, eval_env = profile.envs()
-    order = task_order(env_cfg["seed"], env.size)
-    latency = config.env_latency_s if config.env_latency_s >= 0 else env_cfg.get("latency_s", 0.0)
+    order = task_order(profile.env.seed, env.size)
+    latency = config.env_latency_s if config.env_latency_s >= 0 else profile.env.latency_s
     params = profile.sampling_params()
-    seed = raw.get("seed", 0)
+    seed = profile.seed
+    ckpt_interval = profile.ckpt.interval if profile.ckpt else 1
 
-    trainer = Trainer.start(
-        client, profile.sub_jobs(), run, weight_format=raw.get("weight_format", "hf")
-    )
+    trainer = Trainer.start(client, profile.sub_jobs(), run, weight_format=profile.weight_format)
     job_id = trainer.job_id
     if resume is not None:
         trainer.load(resume)  # and sync: the sampler serves v_{resume_step} before dispatch
@@ -126,7 +138,7 @@ def train(client, config, profile: GRPOProfile, run: Run, reconnects: int) -> di
     book.last_step = max_steps  # no rollouts for steps that will never train
     if not evals:
         evals.append(
-            {"step": 0, **greedy_eval(client, job_id, tokenizer, eval_env, _eval_tokens(raw))}
+            {"step": 0, **greedy_eval(client, job_id, tokenizer, eval_env, profile.eval_max_tokens)}
         )
         log.info("eval before training: accuracy %.3f", evals[0]["accuracy"])
 
@@ -152,10 +164,7 @@ def train(client, config, profile: GRPOProfile, run: Run, reconnects: int) -> di
     with orchestrator:
         for step in range(start_step, max_steps + 1):
             batch, waited = orchestrator.next_batch(step)
-            groups = []
-            for g in batch.groups:
-                g.payload.policy_start, g.payload.policy_end = g.policy_start, g.policy_end
-                groups.append(g.payload)
+            groups = [g.payload for g in batch.groups]
             frame, stats = grpo_frame(groups, pad_id, profile.loss_config())
             t0 = time.monotonic()
             result, _ = trainer.train_step(frame)
@@ -179,15 +188,15 @@ def train(client, config, profile: GRPOProfile, run: Run, reconnects: int) -> di
                 "time/step": round(time.monotonic() - t0 + waited, 3),
                 **orchestrator.gauges(),
             }
-            if step % eval_cfg.get("interval", 5) == 0 or step == max_steps:
+            if step % profile.eval.interval == 0 or step == max_steps:
                 evals.append(
                     {
                         "step": step,
-                        **greedy_eval(client, job_id, tokenizer, eval_env, _eval_tokens(raw)),
+                        **greedy_eval(client, job_id, tokenizer, eval_env, profile.eval_max_tokens),
                     }
                 )
                 record["eval/accuracy"] = evals[-1]["accuracy"]
-            if step % raw.get("ckpt", {}).get("interval", 1) == 0 or step == max_steps:
+            if step % ckpt_interval == 0 or step == max_steps:
                 record["time/save_ckpt"] = trainer.save_resumable(
                     step, {"book": orchestrator.state_dict(), "evals": evals}
                 )
@@ -230,12 +239,8 @@ def train(client, config, profile: GRPOProfile, run: Run, reconnects: int) -> di
     return run.summary(summary)
 
 
-def _eval_tokens(raw: dict) -> int:
-    return raw.get("eval", {}).get("max_tokens", raw["orchestrator"]["sampling"]["max_tokens"])
-
-
 if __name__ == "__main__":
-    out = main(chz.entrypoint(Config))
+    out = main(profiles.entrypoint(Config, GRPOProfile))
     keys = ("profile", "eval_accuracy", "off_policy_max", "overlap_fraction", "wall_time_s")
     print(json.dumps({k: out[k] for k in keys}))
     sys.exit(0)

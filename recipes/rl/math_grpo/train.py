@@ -26,13 +26,14 @@ import time
 
 import chz
 
+from cortex_recipes import profiles
 from cortex_recipes.models import load_tokenizer
+from cortex_recipes.profiles import ProfileError
 from cortex_recipes.rl.grpo import ScoredGroup, greedy_eval, group_seed, grpo_frame, task_order
-from cortex_recipes.rl.profile import load_grpo_profile
+from cortex_recipes.rl.profile import GRPOProfile, load_grpo_profile
 from cortex_recipes.rollouts import rollouts_from_results
 from cortex_recipes.run import Trainer, open_run
 from cortex_recipes.sampling import chat_prompt_ids, generate
-from cortex_recipes.sft import ProfileError
 
 log = logging.getLogger("recipes.rl.math_grpo")
 DEFAULT_PROFILE = "recipes/rl/math_grpo/configs/local-cpu-smollm2-lora.json"
@@ -40,53 +41,66 @@ DEFAULT_PROFILE = "recipes/rl/math_grpo/configs/local-cpu-smollm2-lora.json"
 
 @chz.chz
 class Config:
-    profile: str = DEFAULT_PROFILE
-    connection: str = "local"
-    run_name: str = ""  # default: the profile name; the run lives in runs/math_grpo/<run_name>
-    log_path: str = ""  # a run folder other than runs/math_grpo/<run_name>
-    if_exists: str = "resume"  # resume | overwrite | fail, when the run folder holds a run
-    max_steps: int = 0  # 0: the profile's max_steps
-    env_latency_s: float = -1.0  # < 0: the profile's env.latency_s
+    profile: str = chz.field(
+        default=DEFAULT_PROFILE, doc="the profile file (JSON or TOML) under the recipe's configs/"
+    )
+    connection: str = chz.field(
+        default="local",
+        doc="'local' (the embedded backend) or a connection file for a Cortex endpoint",
+    )
+    run_name: str = chz.field(
+        default="", doc="default: the profile name; the run lives in runs/math_grpo/<run_name>"
+    )
+    log_path: str = chz.field(default="", doc="a run folder other than runs/math_grpo/<run_name>")
+    if_exists: str = chz.field(
+        default="resume", doc="resume | overwrite | fail, when the run folder holds a run"
+    )
+    max_steps: int = chz.field(default=0, doc="0: the profile's max_steps")
+    env_latency_s: float = chz.field(default=-1.0, doc="< 0: the profile's env.latency_s")
+    overrides: tuple[str, ...] = chz.field(
+        default=(), doc="profile overrides: the command line's other key=value"
+    )
 
 
 def main(config: Config) -> dict:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    profile = load_grpo_profile(config.profile)
+    profile = load_grpo_profile(config.profile, config.overrides)
     if profile.is_async:
         raise ProfileError(
             f"{config.profile} sets orchestrator.max_async_level: asynchronous profiles belong "
             "to recipes/rl/async_grpo"
         )
-    raw, env_cfg, eval_cfg = profile.raw, profile.raw["env"], profile.raw.get("eval", {})
-    max_steps = config.max_steps or raw["max_steps"]
-    latency = config.env_latency_s if config.env_latency_s >= 0 else env_cfg.get("latency_s", 0.0)
-    ckpt_interval = raw.get("ckpt", {}).get("interval", 0)
+    max_steps = config.max_steps or profile.max_steps
+    latency = config.env_latency_s if config.env_latency_s >= 0 else profile.env.latency_s
+    ckpt_interval = profile.ckpt.interval if profile.ckpt else 0  # 0: after the last step only
     run = open_run(
         "math_grpo", profile, config,
         log_path=config.log_path, run_name=config.run_name, if_exists=config.if_exists,
     )  # fmt: skip
     if run.finished:
         return run.finished
-    tokenizer = load_tokenizer(raw["model"])
+    tokenizer = load_tokenizer(profile.model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     env, eval_env = profile.envs()
-    order = task_order(env_cfg["seed"], env.size)
-    eval_tokens = eval_cfg.get("max_tokens", profile.sampling_params()["max_tokens"])
+    order = task_order(profile.env.seed, env.size)
     evals = run.resume["evals"] if run.resume else []
     started = time.monotonic()
 
     with run.connect(config.connection) as client:
         trainer = Trainer.start(
-            client, profile.sub_jobs(), run, weight_format=raw.get("weight_format", "hf")
+            client, profile.sub_jobs(), run, weight_format=profile.weight_format
         )
         job_id = trainer.job_id
         if run.resume:
             trainer.load(run.resume)  # and sync: the sampler serves the resumed policy
         if not evals:
             evals.append(
-                {"step": 0, **greedy_eval(client, job_id, tokenizer, eval_env, eval_tokens)}
+                {
+                    "step": 0,
+                    **greedy_eval(client, job_id, tokenizer, eval_env, profile.eval_max_tokens),
+                }
             )
 
         loop_started = time.monotonic()
@@ -100,7 +114,7 @@ def main(config: Config) -> dict:
             prompts, rows = [], []
             for g, task in enumerate(tasks):
                 prompt = chat_prompt_ids(tokenizer, env.prompt(task))
-                seed = group_seed(raw.get("seed", 0), first + g, profile.group_size)
+                seed = group_seed(profile.seed, first + g, profile.group_size)
                 for i in range(profile.group_size):
                     prompts.append(prompt)
                     rows.append({**profile.sampling_params(), "logprobs": 0, "seed": seed + i})
@@ -130,9 +144,12 @@ def main(config: Config) -> dict:
                 "time/train": round(time.monotonic() - t_sampled, 3),
                 "time/step": round(time.monotonic() - t0, 3),
             }
-            if step % eval_cfg.get("interval", 5) == 0 or step == max_steps:
+            if step % profile.eval.interval == 0 or step == max_steps:
                 evals.append(
-                    {"step": step, **greedy_eval(client, job_id, tokenizer, eval_env, eval_tokens)}
+                    {
+                        "step": step,
+                        **greedy_eval(client, job_id, tokenizer, eval_env, profile.eval_max_tokens),
+                    }
                 )
                 record["eval/accuracy"] = evals[-1]["accuracy"]
             if (ckpt_interval and step % ckpt_interval == 0) or step == max_steps:
@@ -166,6 +183,6 @@ def main(config: Config) -> dict:
 
 
 if __name__ == "__main__":
-    out = main(chz.entrypoint(Config))
+    out = main(profiles.entrypoint(Config, GRPOProfile))
     print(json.dumps({k: out[k] for k in ("profile", "eval_accuracy", "rewards", "wall_time_s")}))
     sys.exit(0)

@@ -19,7 +19,7 @@ import time
 
 import chz
 
-from cortex_recipes import payloads, sft
+from cortex_recipes import payloads, profiles, sft
 from cortex_recipes.models import load_tokenizer
 from cortex_recipes.run import Trainer, open_run
 from cortex_recipes.sampling import greedy_answers
@@ -31,14 +31,30 @@ DEFAULT_PROFILE = "recipes/sft/conversational/configs/local-cpu-tiny-qwen3.json"
 
 @chz.chz
 class Config:
-    profile: str = DEFAULT_PROFILE
-    connection: str = "local"
-    run_name: str = ""  # default: the profile name; the run lives in runs/sft/<run_name>
-    log_path: str = ""  # a run folder other than runs/sft/<run_name>
-    if_exists: str = "resume"  # resume | overwrite | fail, when the run folder holds a run
-    steps: int = 0  # 0: the profile's steps
-    ckpt_interval: int = 0  # > 0: a resumable save every this many steps (a resume point)
-    legacy_labels: bool = False  # compatibility only: model-side loss from labels (no weights)
+    profile: str = chz.field(
+        default=DEFAULT_PROFILE, doc="the profile file (JSON or TOML) under the recipe's configs/"
+    )
+    connection: str = chz.field(
+        default="local",
+        doc="'local' (the embedded backend) or a connection file for a Cortex endpoint",
+    )
+    run_name: str = chz.field(
+        default="", doc="default: the profile name; the run lives in runs/sft/<run_name>"
+    )
+    log_path: str = chz.field(default="", doc="a run folder other than runs/sft/<run_name>")
+    if_exists: str = chz.field(
+        default="resume", doc="resume | overwrite | fail, when the run folder holds a run"
+    )
+    steps: int = chz.field(default=0, doc="0: the profile's steps")
+    ckpt_interval: int = chz.field(
+        default=0, doc="> 0: a resumable save every this many steps (a resume point)"
+    )
+    legacy_labels: bool = chz.field(
+        default=False, doc="compatibility only: model-side loss from labels (no weights)"
+    )
+    overrides: tuple[str, ...] = chz.field(
+        default=(), doc="profile overrides: the command line's other key=value"
+    )
 
 
 def evaluate(client, profile: sft.SFTProfile, tokenizer, job_id: str) -> dict:
@@ -65,7 +81,7 @@ def main(config: Config) -> dict:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    profile = sft.load_profile(config.profile)
+    profile = sft.load_profile(config.profile, config.overrides)
     steps = config.steps or profile.steps
     run = open_run(
         "sft", profile, config,
@@ -77,8 +93,8 @@ def main(config: Config) -> dict:
     tokenizer = load_tokenizer(profile.model_name)
     renderer = make_renderer(tokenizer, profile.renderer)
     examples = [
-        render_supervised(messages, tokenizer, renderer, profile.train_on)
-        for messages in sft.load_conversations(profile.dataset)
+        render_supervised(messages, tokenizer, renderer, profile.train_on_what)
+        for messages in sft.load_conversations(profile.dataset_path)
     ]
     pad_id = (
         tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -152,7 +168,7 @@ def main(config: Config) -> dict:
 
 
 if __name__ == "__main__":
-    result = main(chz.entrypoint(Config))
+    result = main(profiles.entrypoint(Config, sft.SFTProfile))
     print(
         json.dumps(
             {k: result[k] for k in ("profile", "final_loss", "wall_time_s", "checkpoint_id")}
