@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cortex_recipes.export import ExportError
 from cortex_recipes.journeys import JourneyError
 from cortex_recipes.models import FIXTURE_MODELS, ModelNotAvailableError, resolve_model_path
 
@@ -131,6 +132,18 @@ def _cmd_journey(args: argparse.Namespace) -> int:
     return subprocess.run(command, cwd=root, check=False).returncode
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from cortex_recipes.export import export_checkpoint
+
+    record = export_checkpoint(
+        Path(args.run), Path(args.out), merge_lora=args.merge_lora, checkpoint_id=args.checkpoint
+    )
+    print(
+        f"exported {record['kind']} ({record['checkpoint_id']}, step {record['global_steps']}) to {args.out}"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cortex-recipes")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
@@ -193,6 +206,21 @@ def build_parser() -> argparse.ArgumentParser:
     journey.add_argument("--root", help=root_help)
     journey.set_defaults(func=_cmd_journey)
 
+    export = commands.add_parser(
+        "export",
+        help="write a run's checkpoint as a directory from_pretrained (or PEFT) loads",
+        description=(
+            "RUN is a run folder (its newest checkpoint, or --checkpoint) or a checkpoint "
+            "directory (.../cp_<id>/global_step<N>/). Full weights become a Hugging Face model "
+            "directory, a LoRA adapter a PEFT directory (or, with --merge-lora, a merged model)."
+        ),
+    )
+    export.add_argument("run", help="a run folder (runs/<journey>/<run name>) or a checkpoint dir")
+    export.add_argument("out", help="a new (or empty) output directory")
+    export.add_argument("--merge-lora", action="store_true", help="fold a LoRA adapter in")
+    export.add_argument("--checkpoint", help="a checkpoint_id from the run's checkpoints.jsonl")
+    export.set_defaults(func=_cmd_export)
+
     catalog = commands.add_parser("catalog", help="the model catalog (model-catalog/)")
     catalog_commands = catalog.add_subparsers(dest="catalog_command", required=True)
     catalog_check = catalog_commands.add_parser(
@@ -216,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except (ModelNotAvailableError, JourneyError) as exc:
+    except (ModelNotAvailableError, JourneyError, ExportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

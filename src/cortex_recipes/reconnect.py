@@ -1,16 +1,17 @@
 """Which failures a long run survives by reconnecting and resuming from its last checkpoint.
 
 Recoverable: the backend went away or is restarting (connection refused or reset, timeouts,
-and the statuses the SDK itself treats as transient once its own retries are spent: 404 for a
-job a restarted backend no longer knows, 409, 429, 5xx). Everything else -- a 400 naming a
-bad field, a failed request, a check of ours -- is a real error and stops the run.
+409, 429, 5xx once the SDK's own retries are spent). Not recoverable: a 404 -- the endpoint
+no longer knows the job or the request, and on a hosted endpoint the first job may still run,
+so starting a second one would train twice -- and everything else: a 400 naming a bad field,
+a failed request, a check of ours. Those stop the run.
 """
 
 from __future__ import annotations
 
 import requests
 
-RECOVERABLE_STATUSES = frozenset({404, 409, 429, 500, 502, 503, 504})
+RECOVERABLE_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 
 
 def is_recoverable(exc: BaseException) -> bool:

@@ -1,199 +1,110 @@
-"""The conversational SFT journey's pieces: profiles (checked-in configs), data, sub-jobs."""
+"""The conversational SFT journey's pieces: the typed profile, data, sub-jobs."""
 
 from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cortex_recipes.qualify import config_hash
+from cortex_recipes import profiles
+from cortex_recipes.profiles import ProfileError, setting
+from cortex_recipes.sub_jobs import DS_BATCH_FIELDS, batch_problem, sampler_sub_job, trainer_sub_job
 from cortex_recipes.supervision import RENDERERS, TrainOnWhat
 
-# DeepSpeed-owned batch fields that can disagree with training_config.train_batch_size.
-DS_BATCH_FIELDS = (
-    "train_batch_size",
-    "train_micro_batch_size_per_gpu",
-    "gradient_accumulation_steps",
-)
-_PROFILE_KEYS = {
-    "name", "description", "model_name", "renderer", "train_on", "dataset", "max_seq_len",
-    "batch_size", "steps", "learning_rate", "weight_decay", "seed", "dtype", "n_gpus",
-    "training", "eval", "validated_on",
-}  # fmt: skip
-
-
-class ProfileError(ValueError):
-    """A profile that cannot run; the message names the file and the field."""
+__all__ = ["DS_BATCH_FIELDS", "EvalSpec", "ProfileError", "SFTProfile", "load_profile"]
 
 
 @dataclass(frozen=True)
 class EvalSpec:
-    prompts: list[str]
-    expect: str
-    controls: list[dict[str, str]] = field(default_factory=list)
-    max_tokens: int = 24
+    """Greedy evaluation before and after training."""
+
+    prompts: list[str] = setting(doc="held-out user prompts, answered greedily")
+    expect: str = setting(doc="the substring a taught answer contains")
+    controls: list[dict[str, Any]] = setting(
+        default_factory=list, doc="{prompt, expect} pairs the training must not break"
+    )
+    max_tokens: int = setting(24, gt=0, doc="new tokens per greedy answer")
 
 
 @dataclass(frozen=True)
 class SFTProfile:
-    path: Path
-    name: str
-    model_name: str
-    renderer: str
-    train_on: TrainOnWhat
-    dataset: Path
-    max_seq_len: int
-    batch_size: int
-    steps: int
-    learning_rate: float
-    weight_decay: float
-    seed: int
-    dtype: str
-    n_gpus: int
-    training: dict[str, Any]
-    eval: EvalSpec | None
-    raw: dict[str, Any]
+    """A conversational SFT profile (configs/*.json)."""
+
+    name: str = setting(doc="the profile name (the file's stem)")
+    model_name: str = setting(doc="a fixture name, a hub name or a local model directory")
+    dataset: str = setting(doc="JSONL of {messages: [...]}, relative to the recipe folder")
+    max_seq_len: int = setting(gt=0, doc="rows are cut to this many tokens before the shift")
+    batch_size: int = setting(
+        gt=0, doc="conversations per optimiser step, across all GPUs (the global batch)"
+    )
+    steps: int = setting(gt=0, doc="optimiser steps")
+    learning_rate: float = setting(gt=0, doc="AdamW learning rate")
+    description: str = setting("", doc="what the profile is for")
+    renderer: str = setting("chat_template", choices=RENDERERS, doc="how messages become ids")
+    train_on: str = setting(
+        TrainOnWhat.ALL_ASSISTANT_MESSAGES.value,
+        choices=[t.value for t in TrainOnWhat],
+        doc="which assistant tokens are supervised",
+    )
+    weight_decay: float = setting(0.0, ge=0, doc="AdamW weight decay")
+    seed: int = setting(0, doc="seed of the batch order and of the sub-jobs")
+    dtype: str = setting("float32", doc="model dtype of the sub-jobs")
+    n_gpus: int = setting(1, ge=1, doc="GPUs per sub-job (hosted semantics)")
+    training: dict[str, Any] = setting(
+        default_factory=dict,
+        doc="passed through to training_config (peft_config, gradient_clipping, prime_rl, ...)",
+    )
+    eval: EvalSpec | None = setting(None, doc="greedy evaluation before and after training")
+    validated_on: str = setting("", doc="where the profile was last run (free text)")
+    # Not in the file: where it was read from and what it held (with any overrides).
+    path: Path = field(default=Path(), metadata={"internal": True})
+    raw: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
+
+    def check(self) -> str | None:
+        return batch_problem(self.training, self.batch_size, self.n_gpus, "batch_size")
 
     @property
     def config_hash(self) -> str:
-        return config_hash(self.raw)
+        return profiles.config_hash(self.raw)
+
+    @property
+    def dataset_path(self) -> Path:
+        return (self.path.parent.parent / self.dataset).resolve()
+
+    @property
+    def train_on_what(self) -> TrainOnWhat:
+        return TrainOnWhat(self.train_on)
+
+    def _common(self) -> dict[str, Any]:
+        return {"max_seq_len": self.max_seq_len, "n_gpus": self.n_gpus, "dtype": self.dtype,
+                "seed": self.seed}  # fmt: skip
 
     def sub_jobs(self) -> list:
-        """The sub-jobs this journey creates: the trainer, and the sampler that evaluates."""
+        """The sub-jobs this journey creates: the trainer, and the sampler that evaluates
+        (it loads merged checkpoints, so it never mirrors a LoRA shape)."""
         return [self.training_sub_job(), self.sampling_sub_job()]
 
     def training_sub_job(self, source_checkpoint_info: dict | None = None):
-        from cortex_training import SubJobConfig
-
-        extra = dict(self.training)
-        clip = extra.pop("gradient_clipping", None)
-        return SubJobConfig.training_job(
-            self.model_name,
-            optimizer={
-                "name": "AdamW",
-                "lr": self.learning_rate,
-                "weight_decay": self.weight_decay,
-            },
-            max_seq_len=self.max_seq_len,
-            train_batch_size=self.batch_size,
-            n_gpus=self.n_gpus,
-            gradient_clipping=clip,
-            extra_training=extra or None,
-            dtype=self.dtype,
-            seed=self.seed,
-            source_checkpoint_info=source_checkpoint_info,
-        )
+        return trainer_sub_job(
+            self.model_name, learning_rate=self.learning_rate, batch_size=self.batch_size,
+            training=self.training, weight_decay=self.weight_decay,
+            source_checkpoint_info=source_checkpoint_info, **self._common(),
+        )  # fmt: skip
 
     def sampling_sub_job(self, source_checkpoint_info: dict | None = None):
-        from cortex_training import SubJobConfig
-
-        return SubJobConfig.sampling_job(
-            self.model_name,
-            max_seq_len=self.max_seq_len,
-            n_gpus=self.n_gpus,
-            dtype=self.dtype,
-            seed=self.seed,
-            source_checkpoint_info=source_checkpoint_info,
+        return sampler_sub_job(
+            self.model_name, source_checkpoint_info=source_checkpoint_info, **self._common()
         )
 
 
-def _require(raw: dict, key: str, kind: type | tuple, where: str):
-    value = raw.get(key)
-    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        raise ProfileError(f"{where}: {key}={value!r} must be {kind}")
-    if not isinstance(value, kind):
-        raise ProfileError(f"{where}: {key}={value!r} is required and must be {kind}")
-    return value
-
-
-def check_ds_batch_fields(
-    training: dict[str, Any], batch_size: int, n_gpus: int, where: str
-) -> None:
-    """Reject DeepSpeed batch fields that disagree with the profile's batch size."""
-    ds = training.get("ds_config") or {}
-    if not isinstance(ds, dict):
-        raise ProfileError(f"{where}: training.ds_config must be an object")
-    if "train_batch_size" in ds and ds["train_batch_size"] != batch_size:
-        raise ProfileError(
-            f"{where}: training.ds_config.train_batch_size={ds['train_batch_size']!r} disagrees "
-            f"with batch_size={batch_size}; remove it (batch_size is the one source of truth)"
-        )
-    micro = ds.get("train_micro_batch_size_per_gpu")
-    accum = ds.get("gradient_accumulation_steps")
-    if micro is not None or accum is not None:
-        product = (micro or 1) * (accum or 1) * n_gpus
-        if product != batch_size:
-            raise ProfileError(
-                f"{where}: training.ds_config train_micro_batch_size_per_gpu={micro!r} x "
-                f"gradient_accumulation_steps={accum!r} x n_gpus={n_gpus} = {product} disagrees "
-                f"with batch_size={batch_size}; remove them"
-            )
-
-
-def load_profile(path: str | Path) -> SFTProfile:
+def load_profile(path: str | Path, overrides: Sequence[str] = ()) -> SFTProfile:
+    """The typed profile in ``path``, with ``key=value`` ``overrides`` applied."""
     path = Path(path)
-    where = str(path)
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise ProfileError(f"profile {where} does not exist") from exc
-    except ValueError as exc:
-        raise ProfileError(f"profile {where} is not valid JSON: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ProfileError(f"profile {where} must hold a JSON object")
-    unknown = sorted(set(raw) - _PROFILE_KEYS)
-    if unknown:
-        raise ProfileError(f"{where}: unknown keys {unknown}; accepted: {sorted(_PROFILE_KEYS)}")
-    renderer = raw.get("renderer", "chat_template")
-    if renderer not in RENDERERS:
-        raise ProfileError(f"{where}: renderer={renderer!r}; accepted: {', '.join(RENDERERS)}")
-    try:
-        train_on = TrainOnWhat(raw.get("train_on", TrainOnWhat.ALL_ASSISTANT_MESSAGES))
-    except ValueError as exc:
-        accepted = ", ".join(t.value for t in TrainOnWhat)
-        raise ProfileError(
-            f"{where}: train_on={raw.get('train_on')!r}; accepted: {accepted}"
-        ) from exc
-    batch_size = _require(raw, "batch_size", int, where)
-    n_gpus = raw.get("n_gpus", 1)
-    training = raw.get("training", {})
-    if not isinstance(training, dict):
-        raise ProfileError(f"{where}: training must be an object")
-    check_ds_batch_fields(training, batch_size, n_gpus, where)
-    for positive in ("batch_size", "steps", "max_seq_len"):
-        if _require(raw, positive, int, where) <= 0:
-            raise ProfileError(f"{where}: {positive}={raw[positive]!r} must be > 0")
-    dataset = raw.get("dataset")
-    if not isinstance(dataset, str):
-        raise ProfileError(f"{where}: dataset must be a path (relative to the recipe folder)")
-    eval_raw = raw.get("eval")
-    eval_spec = None
-    if eval_raw is not None:
-        try:
-            eval_spec = EvalSpec(**eval_raw)
-        except TypeError as exc:
-            raise ProfileError(f"{where}: eval: {exc}") from exc
-    return SFTProfile(
-        path=path,
-        name=_require(raw, "name", str, where),
-        model_name=_require(raw, "model_name", str, where),
-        renderer=renderer,
-        train_on=train_on,
-        dataset=(path.parent.parent / dataset).resolve(),
-        max_seq_len=raw["max_seq_len"],
-        batch_size=batch_size,
-        steps=raw["steps"],
-        learning_rate=float(_require(raw, "learning_rate", (int, float), where)),
-        weight_decay=float(raw.get("weight_decay", 0.0)),
-        seed=int(raw.get("seed", 0)),
-        dtype=raw.get("dtype", "float32"),
-        n_gpus=n_gpus,
-        training=training,
-        eval=eval_spec,
-        raw=raw,
-    )
+    profile, raw = profiles.load(SFTProfile, path, overrides)
+    return replace(profile, path=path, raw=raw)
 
 
 def load_conversations(path: Path) -> list[list[dict[str, Any]]]:

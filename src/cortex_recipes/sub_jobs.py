@@ -44,7 +44,9 @@ def build_sub_job(wire: Any, where: str):
     common = {key: wire[key] for key in _COMMON if key in wire}
     try:
         if job_type == JobType.TRAINING.value:
-            block = _block(wire, "training_config", "inference_config", _TRAINING_REQUIRED, where)
+            block = _config_block(
+                wire, "training_config", "inference_config", _TRAINING_REQUIRED, where
+            )
             sub_job = SubJobConfig.training_job(
                 model_name,
                 **{key: block.pop(key) for key in _TRAINING_REQUIRED},
@@ -53,7 +55,9 @@ def build_sub_job(wire: Any, where: str):
                 **common,
             )
         else:
-            block = _block(wire, "inference_config", "training_config", _INFERENCE_REQUIRED, where)
+            block = _config_block(
+                wire, "inference_config", "training_config", _INFERENCE_REQUIRED, where
+            )
             named = {key: block.pop(key) for key in _INFERENCE_NAMED if key in block}
             sub_job = SubJobConfig.sampling_job(
                 model_name,
@@ -75,7 +79,7 @@ def build_sub_job(wire: Any, where: str):
     return sub_job
 
 
-def _block(
+def _config_block(
     wire: dict, name: str, other: str, required: tuple[str, ...], where: str
 ) -> dict[str, Any]:
     if other in wire:
@@ -100,31 +104,127 @@ def build_sub_jobs(wires: Any, where: str) -> list:
     return sub_jobs
 
 
-def trainer_and_sampler(
-    raw: dict[str, Any], *, model: str, learning_rate: float, batch_size: int, training: Any
-) -> list:
-    """A training sub-job and a sampling sub-job on ``model``, sharing ``raw``'s
-    ``max_seq_len``, ``n_gpus``, ``dtype`` and ``seed``; a LoRA ``training.peft_config`` is
-    given to the sampler too, so LoRA weight sync has somewhere to land."""
+# DeepSpeed-owned batch fields: derived from the profile's global batch size and n_gpus, never
+# sent from a profile (a value there could disagree with train_batch_size).
+DS_BATCH_FIELDS = (
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+)
+
+
+def batch_problem(training: dict[str, Any], batch_size: int, n_gpus: int, field: str) -> str | None:
+    """Why a profile's batch settings cannot be sent, or None. ``batch_size`` (named by
+    ``field``) is the global batch: examples per optimiser step across all ``n_gpus``."""
+    if batch_size % n_gpus:
+        return (
+            f"{field}={batch_size} is the global batch and must be a multiple of "
+            f"n_gpus={n_gpus} (each GPU gets {field} / n_gpus)"
+        )
+    ds = training.get("ds_config") or {}
+    if not isinstance(ds, dict):
+        return f"training.ds_config={ds!r} must be an object"
+    owned = [key for key in DS_BATCH_FIELDS if key in ds]
+    if owned:
+        return (
+            f"training.ds_config sets {owned}; remove them: they are derived from "
+            f"{field}={batch_size} (global) and n_gpus={n_gpus}, the one source of truth"
+        )
+    return None
+
+
+def trainer_sub_job(
+    model: str,
+    *,
+    max_seq_len: int,
+    n_gpus: int,
+    dtype: str,
+    seed: int,
+    learning_rate: float,
+    batch_size: int,
+    training: dict[str, Any] | None = None,
+    weight_decay: float = 0.0,
+    source_checkpoint_info: dict | None = None,
+):
+    """The training sub-job: AdamW at ``learning_rate``; ``batch_size`` is the global batch
+    (examples per optimiser step across all GPUs), sent once converted as the SDK documents
+    it: ``global_batch_size`` = ``batch_size``, ``train_batch_size`` (per device) =
+    ``batch_size / n_gpus``. ``training`` is passed through to ``training_config``
+    (``gradient_clipping`` by name)."""
     from cortex_training import SubJobConfig
 
-    common = {
-        "max_seq_len": raw["max_seq_len"],
-        "n_gpus": raw.get("n_gpus", 1),
-        "dtype": raw.get("dtype", "float32"),
-        "seed": raw.get("seed", 0),
-    }
-    training = dict(training or {})
-    lora = training.get("peft_config")
-    return [
-        SubJobConfig.training_job(
-            model,
-            optimizer={"name": "AdamW", "lr": learning_rate, "weight_decay": 0.0},
-            train_batch_size=batch_size,
-            extra_training=training or None,
-            **common,
+    extra = dict(training or {})
+    clip = extra.pop("gradient_clipping", None)
+    return SubJobConfig.training_job(
+        model,
+        optimizer={"name": "AdamW", "lr": learning_rate, "weight_decay": weight_decay},
+        max_seq_len=max_seq_len,
+        train_batch_size=batch_size // n_gpus,
+        global_batch_size=batch_size,
+        n_gpus=n_gpus,
+        gradient_clipping=clip,
+        extra_training=extra or None,
+        dtype=dtype,
+        seed=seed,
+        source_checkpoint_info=source_checkpoint_info,
+    )
+
+
+def sampler_sub_job(
+    model: str,
+    *,
+    max_seq_len: int,
+    n_gpus: int,
+    dtype: str,
+    seed: int,
+    lora: dict[str, Any] | None = None,
+    job_type: str = "sampling",
+    source_checkpoint_info: dict | None = None,
+):
+    """A sampling (or ``log_probability``) sub-job; ``lora`` gives it the trainer's adapter
+    shape, so LoRA weight sync has somewhere to land."""
+    from cortex_training import JobType, SubJobConfig
+
+    return SubJobConfig.sampling_job(
+        model,
+        max_seq_len=max_seq_len,
+        n_gpus=n_gpus,
+        dtype=dtype,
+        seed=seed,
+        extra_sampling={"peft_config": lora} if lora else None,
+        job_type=JobType(job_type),
+        source_checkpoint_info=source_checkpoint_info,
+    )
+
+
+def journey_sub_jobs(
+    model: str,
+    *,
+    max_seq_len: int,
+    n_gpus: int = 1,
+    dtype: str = "float32",
+    seed: int = 0,
+    learning_rate: float,
+    batch_size: int,
+    training: dict[str, Any] | None = None,
+    weight_decay: float = 0.0,
+    mirror_lora: bool = True,
+    teacher: str | None = None,
+) -> list:
+    """The one builder every journey uses: a trainer and a sampler on ``model`` sharing
+    ``max_seq_len``, ``n_gpus``, ``dtype`` and ``seed``; a LoRA ``training.peft_config`` is
+    mirrored on the sampler (unless ``mirror_lora=False``: a sampler that loads merged
+    checkpoints); ``teacher`` adds a frozen ``log_probability`` sub-job on that model, after
+    the sampler, because the SDK checks prompt lengths against the first inference_config."""
+    common = {"max_seq_len": max_seq_len, "n_gpus": n_gpus, "dtype": dtype, "seed": seed}
+    lora = (training or {}).get("peft_config") if mirror_lora else None
+    jobs = [
+        trainer_sub_job(
+            model, learning_rate=learning_rate, batch_size=batch_size, training=training,
+            weight_decay=weight_decay, **common,
         ),
-        SubJobConfig.sampling_job(
-            model, extra_sampling={"peft_config": lora} if lora else None, **common
-        ),
-    ]
+        sampler_sub_job(model, lora=lora, **common),
+    ]  # fmt: skip
+    if teacher is not None:
+        jobs.append(sampler_sub_job(teacher, job_type="log_probability", **common))
+    return jobs

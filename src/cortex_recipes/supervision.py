@@ -78,7 +78,7 @@ def message_weights(messages: Sequence[dict[str, Any]], train_on: TrainOnWhat) -
     return weights
 
 
-def _clean(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _without_weights(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in m.items() if k != "weight"} for m in messages]
 
 
@@ -133,7 +133,7 @@ def render_supervised(
     if not messages:
         raise SupervisionError("a conversation needs at least one message")
     per_message = message_weights(messages, train_on)
-    clean = _clean(messages)
+    clean = _without_weights(messages)
     if renderer is None:
         if tools:
             raise SupervisionError("tool declarations need a renderer (renderer='qwen3')")

@@ -7,7 +7,7 @@ import pytest
 
 from cortex_recipes.distill.profile import load_opd_profile
 from cortex_recipes.distill.teacher import teacher_baseline
-from cortex_recipes.sft import ProfileError
+from cortex_recipes.profiles import ProfileError
 
 pytestmark = pytest.mark.contract
 

@@ -6,19 +6,15 @@ import json
 from pathlib import Path
 
 import pytest
-import requests
 import torch
 from cortex_training import wire
 
 from cortex_recipes.envs.math import MathEnv, MathEnvError, extract_answer
-from cortex_recipes.reconnect import is_recoverable
-from cortex_recipes.rl.checkpoint import CheckpointError, RunCheckpoints
+from cortex_recipes.profiles import ProfileError
 from cortex_recipes.rl.grpo import ScoredGroup, group_advantages, group_seed, grpo_frame, task_order
 from cortex_recipes.rl.orchestrator import Intervals, overlap_seconds
 from cortex_recipes.rl.profile import load_grpo_profile
 from cortex_recipes.rollouts import Rollout, rollouts_from_results
-from cortex_recipes.run_log import RunLog
-from cortex_recipes.sft import ProfileError
 
 pytestmark = pytest.mark.contract
 
@@ -44,7 +40,7 @@ def test_checked_in_profiles_build_sub_jobs_the_sdk_accepts(path):
         sub_job.validate()
     wire_training = training.to_wire()
     assert wire_training["job_type"] == "training"
-    assert profile.orchestrator["batch_size"] == profile.groups_per_step * profile.group_size
+    assert profile.orchestrator.batch_size == profile.groups_per_step * profile.group_size
     if profile.is_async:
         config = profile.lag_config()
         assert config.max_off_policy_steps >= config.max_async_level
@@ -167,48 +163,3 @@ def test_overlap_of_interval_sets():
     assert a.total() == 6
     assert overlap_seconds(a, b) == pytest.approx(0.5 + 1 + 1)
     assert overlap_seconds(a, Intervals()) == 0
-
-
-def test_checkpoints_are_atomic_and_incomplete_ones_ignored(tmp_path):
-    store = RunCheckpoints(tmp_path / "checkpoints")
-    assert store.latest() is None
-    trainer = {"job_id": "job-1", "checkpoint_id": "cp_1"}
-    store.save(2, {"trainer": trainer})
-    store.save(4, {"trainer": trainer})
-    (tmp_path / "checkpoints/step_6").mkdir()  # crashed mid-save: no orchestrator.json
-    (tmp_path / "checkpoints/step_6/.orchestrator.json.tmp").write_text("{")
-    assert store.steps() == [2, 4]
-    assert store.latest()["step"] == 4
-    (tmp_path / "checkpoints/step_4/orchestrator.json").write_text(json.dumps({"step": 4}))
-    with pytest.raises(CheckpointError, match="trainer"):
-        store.latest()
-
-
-def test_resumed_run_log_keeps_steps_up_to_the_checkpoint(tmp_path):
-    run = RunLog(tmp_path)
-    for step in range(1, 6):
-        run.metrics(step=step)
-    resumed = RunLog(tmp_path, keep_through_step=3)
-    resumed.metrics(step=4)
-    assert [m["step"] for m in resumed.read_metrics()] == [1, 2, 3, 4]
-    assert [m["step"] for m in RunLog(tmp_path).read_metrics()] == []
-
-
-def _http_error(status: int) -> requests.HTTPError:
-    response = requests.Response()
-    response.status_code = status
-    return requests.HTTPError(f"{status}", response=response)
-
-
-def test_recoverable_errors_are_lost_backends_not_bad_requests():
-    assert is_recoverable(requests.ConnectionError("refused"))
-    assert is_recoverable(_http_error(503)) and is_recoverable(_http_error(404))
-    assert not is_recoverable(_http_error(400))
-    assert not is_recoverable(ValueError("bad field"))
-    try:
-        try:
-            raise requests.ConnectionError("reset")
-        except requests.ConnectionError as inner:
-            raise RuntimeError("a rollout worker failed") from inner
-    except RuntimeError as outer:
-        assert is_recoverable(outer)

@@ -27,7 +27,7 @@ def test_there_are_cpu_gpu_and_cortex_profiles():
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_profile_resolves_to_the_causal_cross_entropy_block(path):
     profile = sft.load_profile(path)
-    assert profile.dataset.is_file()
+    assert profile.dataset_path.is_file()
     sub_job = profile.training_sub_job()
     sub_job.validate()  # the SDK's own typed validation
     wire_config = sub_job.to_wire()["training_config"]
@@ -60,19 +60,23 @@ def _profile_with(tmp_path, **changes) -> Path:
     return path
 
 
-@pytest.mark.parametrize(
-    ("ds_config", "message"),
-    [
-        ({"train_batch_size": 16}, "ds_config.train_batch_size=16 disagrees with batch_size=4"),
-        (
-            {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2},
-            "= 2 disagrees with batch_size=4",
-        ),
-    ],
-)
-def test_ds_batch_fields_that_disagree_are_rejected(tmp_path, ds_config, message):
-    with pytest.raises(sft.ProfileError, match=message):
-        sft.load_profile(_profile_with(tmp_path, training={"ds_config": ds_config}))
+@pytest.mark.parametrize("field", sft.DS_BATCH_FIELDS)
+def test_a_profile_that_sets_a_deepspeed_batch_field_is_rejected_with_the_reason(tmp_path, field):
+    with pytest.raises(sft.ProfileError, match=rf"training.ds_config sets \['{field}'\]; remove"):
+        sft.load_profile(_profile_with(tmp_path, training={"ds_config": {field: 4}}))
+
+
+def test_batch_size_is_global_and_sent_per_device_as_the_sdk_documents():
+    path = next(p for p in CONFIGS if p.stem == "cortex-qwen3-8b-lora")
+    profile = sft.load_profile(path)
+    assert (profile.batch_size, profile.n_gpus) == (16, 8)
+    sub_job = profile.training_sub_job()
+    sub_job.validate()
+    wire_job = sub_job.to_wire()
+    assert wire_job["global_batch_size"] == 16
+    assert wire_job["training_config"]["train_batch_size"] == 2  # per device
+    with pytest.raises(sft.ProfileError, match="batch_size=15 is the global batch"):
+        sft.load_profile(path, ["batch_size=15"])
 
 
 def test_bad_profile_fields_are_named(tmp_path):

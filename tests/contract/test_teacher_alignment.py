@@ -4,17 +4,15 @@ import pytest
 import torch
 
 from cortex_recipes.distill.teacher import (
-    Rollout,
     TeacherScoreError,
     TeacherScores,
     TokenizerMismatchError,
     align_to_mask,
     check_same_tokenizer,
-    completion_mask,
     extract_scores,
-    pad_rows,
 )
 from cortex_recipes.models import load_tokenizer
+from cortex_recipes.rollouts import Rollout, completion_mask, pad_rows
 
 pytestmark = pytest.mark.contract
 

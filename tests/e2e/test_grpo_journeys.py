@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cortex_recipes.rl.checkpoint import CheckpointError, RunCheckpoints
+from cortex_recipes.run import CheckpointError, RunCheckpoints
 
 pytestmark = pytest.mark.e2e
 
@@ -161,3 +161,9 @@ def test_math_grpo_smoke_runs_twice_with_identical_numbers(tmp_path):
     assert a[0]["rollouts/sha256"] != a[1]["rollouts/sha256"]
     assert [m["mismatch_kl/mean"] for m in a] == [m["mismatch_kl/mean"] for m in b]
     assert all(m["policy_version"] == m["step"] for m in a)
+
+    extended = run(
+        "recipes.rl.math_grpo.train", profile=SYNC_SMOKE, log_path=tmp_path / "a", max_steps=3
+    )  # the same command with more steps resumes after the last checkpoint
+    assert extended["resumed_from_step"] == 2 and extended["steps"] == [1, 2, 3]
+    assert extended["losses"][:2] == first["losses"]

@@ -25,3 +25,12 @@ def test_sft_smoke_runs_writes_metrics_and_is_deterministic(tmp_path):
     )
     summary = json.loads((tmp_path / "run0" / "summary.json").read_text())
     assert summary["final_loss"] == runs[0]["final_loss"]
+    assert (tmp_path / "run0" / "backend" / "server.log").is_file()  # kept after the run
+    assert list((tmp_path / "run0" / "backend").glob("jobs/*/checkpoints/cp_*/global_step3"))
+
+
+def test_rerunning_a_finished_sft_run_returns_it_without_training_again(tmp_path):
+    first = main(Config(log_path=str(tmp_path)))
+    metrics_before = (tmp_path / "metrics.jsonl").read_text()
+    again = main(Config(log_path=str(tmp_path)))  # if_exists=resume, the default
+    assert again == first and (tmp_path / "metrics.jsonl").read_text() == metrics_before

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cortex_recipes.rl.checkpoint import RunCheckpoints
+from cortex_recipes.run import RunCheckpoints
 from recipes.agentic.tito.qualify import copy_run_until
 from recipes.agentic.tito.train import Config, main
 

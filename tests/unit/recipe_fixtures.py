@@ -21,6 +21,7 @@ COPIED = (
     "model-catalog",
     "docs/model-compatibility.md",
     "docs/async-grpo.md",
+    "docs/journeys.md",
 )
 
 SFT = "recipes/sft/conversational"

@@ -67,7 +67,7 @@ def tito_checks(full: dict, resumed: dict, resume_after: int, steps: int) -> dic
 
 def main(config: Config) -> dict:
     profile = load_tito_profile(config.profile)
-    steps = profile.rl["steps"]
+    steps = profile.rl.steps
     work = Path(tempfile.mkdtemp(prefix="qualify-tito-"))
     full = train(TrainConfig(profile=config.profile, log_path=str(work / "full")))
     copy_run_until(work / "full", work / "resumed", config.resume_after)

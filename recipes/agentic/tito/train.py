@@ -11,7 +11,8 @@
    the previous prompt + completion ids; tool results are appended as context. The trace's
    ``sampled_mask`` is the action mask: ``grpo`` trains only on the tokens the model sampled,
    with the sampler's logprobs as ``old_log_probs_shifted``. Then step and weight sync.
-4. Checkpoints every ``ckpt.interval`` steps (resumable save + state); rerunning resumes.
+4. Checkpoints every ``ckpt.interval`` steps (resumable save + state) in the run folder
+   ``runs/tito/<run_name>/`` (cortex_recipes.run); rerunning the command resumes.
 """
 
 from __future__ import annotations
@@ -23,14 +24,13 @@ import os
 import random
 import sys
 import time
-from pathlib import Path
 
 import chz
 import verifiers.v1 as vf
 from verifiers.v1.clients import resolve_client
 from verifiers.v1.configs.client import TrainClientConfig
 
-from cortex_recipes.endpoint import LOCAL, connect, sub_job_ids
+from cortex_recipes import profiles
 from cortex_recipes.envs.glossary import (
     GlossaryConfig,
     GlossaryTaskset,
@@ -39,8 +39,7 @@ from cortex_recipes.envs.glossary import (
 )
 from cortex_recipes.models import load_tokenizer, resolve_model_path
 from cortex_recipes.payloads import sft_frame
-from cortex_recipes.rl.checkpoint import CheckpointError, RunCheckpoints
-from cortex_recipes.run_log import RunLog
+from cortex_recipes.run import Trainer, open_run
 from cortex_recipes.supervision import collate, make_renderer
 from cortex_recipes.tito.episode import run_episode
 from cortex_recipes.tito.gateway import Gateway, create_gateway_app, sdk_generate
@@ -57,39 +56,45 @@ GATEWAY_KEY_ENV = (
 
 @chz.chz
 class Config:
-    profile: str = DEFAULT_PROFILE
-    connection: str = "local"
-    log_path: str = ""  # default: runs/tito/<profile name>
-    if_exists: str = "resume"  # resume | overwrite | fail
-    rl_steps: int = 0  # 0: the profile's rl.steps
-    warm_start_steps: int = -1  # < 0: the profile's warm_start.steps
-    stop_after_step: int = 0  # > 0: stop after this RL step (an interruption, for resume checks)
+    profile: str = chz.field(
+        default=DEFAULT_PROFILE, doc="the profile file (JSON or TOML) under the recipe's configs/"
+    )
+    connection: str = chz.field(
+        default="local",
+        doc="'local' (the embedded backend) or a connection file for a Cortex endpoint",
+    )
+    run_name: str = chz.field(
+        default="", doc="default: the profile name; the run lives in runs/tito/<run_name>"
+    )
+    log_path: str = chz.field(default="", doc="a run folder other than runs/tito/<run_name>")
+    if_exists: str = chz.field(
+        default="resume", doc="resume | overwrite | fail, when the run folder holds a run"
+    )
+    rl_steps: int = chz.field(default=0, doc="0: the profile's rl.steps")
+    warm_start_steps: int = chz.field(default=-1, doc="< 0: the profile's warm_start.steps")
+    stop_after_step: int = chz.field(
+        default=0, doc="> 0: stop after this RL step (an interruption, for resume checks)"
+    )
+    overrides: tuple[str, ...] = chz.field(
+        default=(), doc="profile overrides: the command line's other key=value"
+    )
 
 
 def main(config: Config) -> dict:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    profile = load_tito_profile(config.profile)
-    run_dir = Path(config.log_path or f"runs/tito/{profile.name}")
-    checkpoints = RunCheckpoints(run_dir / "checkpoints")
-    if config.if_exists not in ("resume", "overwrite", "fail"):
-        raise ValueError(f"if_exists={config.if_exists!r}; accepted: resume, overwrite, fail")
-    if checkpoints.steps() and config.if_exists == "fail":
-        raise CheckpointError(
-            f"{run_dir} already holds checkpoints; pass if_exists=resume or overwrite"
-        )
-    if config.if_exists == "overwrite":
-        checkpoints.clear()
-    resume = checkpoints.latest()
-    if resume is not None and resume.get("config_hash") != profile.config_hash:
-        raise CheckpointError(
-            f"{checkpoints.root}/step_{resume['step']}: profile hash {resume.get('config_hash')} "
-            f"differs from this run's {profile.config_hash}; use the same profile or if_exists=overwrite"
-        )
+    profile = load_tito_profile(config.profile, config.overrides)
+    run = open_run(
+        "tito", profile, config,
+        log_path=config.log_path, run_name=config.run_name, if_exists=config.if_exists,
+    )  # fmt: skip
+    if run.finished:
+        return run.finished
+    resume = run.resume
 
-    tokenizer = load_tokenizer(profile.raw["model"])
-    renderer = make_renderer(tokenizer, profile.raw["renderer"])
+    tokenizer = load_tokenizer(profile.model)
+    renderer = make_renderer(tokenizer, profile.renderer)
     toolset = GlossaryToolset(vf.ToolsetConfig())
     tools = tool_specs(toolset)
     tasks = GlossaryTaskset(GlossaryConfig()).load()
@@ -97,50 +102,29 @@ def main(config: Config) -> dict:
         renderer, demonstration("ada lovelace"), wire_tools(tools)
     )  # before any training: refuse templates that cannot extend turns exactly
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    rl_steps = config.rl_steps or profile.rl["steps"]
-    seed = profile.raw.get("seed", 0)
-    run = RunLog(
-        run_dir,
-        keep_through_step=resume["step"] if resume else None,
-        config=chz.asdict(config),
-        profile=profile.raw,
-    )
+    rl_steps = config.rl_steps or profile.rl.steps
+    seed = profile.seed
     started = time.monotonic()
 
-    with connect(
-        config.connection,
-        state_dir=run_dir / "backend" if config.connection == LOCAL else None,
-    ) as client:
-        job_id = client.create_job(profile.sub_jobs())
-        ids = sub_job_ids(client.wait_for_job(job_id))
-
-        def sync() -> None:
-            client.poll_request(
-                job_id,
-                client.weight_sync(job_id, ids["training"], [ids["sampling"]], weight_format="hf"),
-            )
-
+    with run.connect(config.connection) as client:
+        trainer = Trainer.start(client, profile.sub_jobs(), run, weight_format="hf")
+        job_id = trainer.job_id
         if resume is not None:
-            source = resume["trainer"]
-            client.poll_request(
-                job_id, client.load(job_id, source["checkpoint_id"], source_job_id=source["job_id"])
-            )
-            sync()
+            trainer.load(resume)  # and sync
             state = resume["state"]
-            log.info("resumed after RL step %d", resume["step"])
         else:
             state = {
                 "warm_start": warm_start(
-                    client, job_id, profile, config, tokenizer, renderer, tools, pad_id
+                    trainer, profile, config, tokenizer, renderer, tools, pad_id
                 )
             }
-            sync()
-            save(client, job_id, checkpoints, run, 0, profile, state)
+            trainer.sync()
+            trainer.save_resumable(0, {"state": state})
 
         app = create_gateway_app(
             sdk_generate(client, job_id),
-            model=profile.raw["model"],
-            max_model_len=profile.raw["max_seq_len"],
+            model=profile.model,
+            max_model_len=profile.max_seq_len,
             base_seed=seed,
         )
         os.environ.setdefault(GATEWAY_KEY_ENV, "local")
@@ -150,7 +134,7 @@ def main(config: Config) -> dict:
                     base_url=gateway.base_url,
                     api_key_var=GATEWAY_KEY_ENV,
                     renderer=renderer_config(profile),
-                    renderer_model_name=str(resolve_model_path(profile.raw["model"])),
+                    renderer_model_name=str(resolve_model_path(profile.model)),
                 )
             )
 
@@ -158,18 +142,18 @@ def main(config: Config) -> dict:
 
             def play(task, session: str, temperature: float):
                 sampling = vf.SamplingConfig(
-                    temperature=temperature, max_tokens=profile.rl["max_tokens"]
+                    temperature=temperature, max_tokens=profile.rl.max_tokens
                 )
                 return loop.run_until_complete(
                     run_episode(
                         train_client,
-                        model=profile.raw["model"],
+                        model=profile.model,
                         task=task,
                         toolset=toolset,
                         tools=tools,
                         sampling=sampling,
                         session_id=session,
-                        max_turns=profile.rl["max_turns"],
+                        max_turns=profile.rl.max_turns,
                     )
                 )
 
@@ -179,22 +163,17 @@ def main(config: Config) -> dict:
             first = resume["step"] + 1 if resume else 1
             for step in range(first, rl_steps + 1):
                 t0 = time.monotonic()
-                chosen = pick_tasks(tasks, profile.rl["tasks_per_step"], seed, step)
+                chosen = pick_tasks(tasks, profile.rl.tasks_per_step, seed, step)
                 groups = [
                     [
-                        play(task, f"{seed}-{step}-{task.data.idx}-{k}", profile.rl["temperature"])
-                        for k in range(profile.rl["group_size"])
+                        play(task, f"{seed}-{step}-{task.data.idx}-{k}", profile.rl.temperature)
+                        for k in range(profile.rl.group_size)
                     ]
                     for task in chosen
                 ]
-                frame, stats = episode_frame(
-                    groups, pad_id, {"eps_clip": profile.rl.get("eps_clip", 0.2)}
-                )
-                result = client.poll_request(job_id, client.forward_backward(job_id, frame))
-                client.poll_request(
-                    job_id, client.step(job_id, learning_rate=profile.rl["learning_rate"])
-                )
-                sync()
+                frame, stats = episode_frame(groups, pad_id, {"eps_clip": profile.rl.eps_clip})
+                result, _ = trainer.train_step(frame, learning_rate=profile.rl.learning_rate)
+                trainer.sync()
                 record = {
                     "step": step,
                     "loss": result["avg_loss"],
@@ -208,13 +187,13 @@ def main(config: Config) -> dict:
                     step, rl_steps, stats["reward/mean"], stats["model_turns/mean"],
                     stats["tool_turns/mean"], stats["trainable_tokens"],
                 )  # fmt: skip
-                if step % profile.raw.get("ckpt", {}).get("interval", 1) == 0 or step == rl_steps:
-                    save(client, job_id, checkpoints, run, step, profile, state)
+                if step % profile.ckpt.interval == 0 or step == rl_steps:
+                    trainer.save_resumable(step, {"state": state})
                 if config.stop_after_step and step >= config.stop_after_step and step < rl_steps:
                     log.info("stopping after step %d as asked (stop_after_step)", step)
                     loop.close()
                     client.cancel_job(job_id)
-                    return {"stopped_after_step": step, "run_dir": str(run_dir)}
+                    return {"stopped_after_step": step, "run_dir": str(run.path)}
             eval_after = greedy_eval(play, tasks, seed)
             log.info("eval after RL: %s", eval_after)
             loop.close()
@@ -237,14 +216,13 @@ def main(config: Config) -> dict:
         "resumed_from_step": resume["step"] if resume else None,
         "wall_time_s": round(time.monotonic() - started, 1),
     }
-    run.summary(summary)
-    return summary
+    return run.summary(summary)
 
 
 def renderer_config(profile: TitoProfile):
     from renderers.configs import Qwen3RendererConfig
 
-    return {"qwen3": Qwen3RendererConfig}[profile.raw["renderer"]]()
+    return {"qwen3": Qwen3RendererConfig}[profile.renderer]()
 
 
 def pick_tasks(tasks: list, n: int, seed: int, step: int) -> list:
@@ -265,19 +243,18 @@ def greedy_eval(play, tasks: list, seed: int) -> dict:
     }
 
 
-def warm_start(client, job_id, profile, config, tokenizer, renderer, tools, pad_id) -> dict:
+def warm_start(trainer, profile, config, tokenizer, renderer, tools, pad_id) -> dict:
     """SFT on the demonstrations (causal_cross_entropy), seeded batches, as the SFT journey."""
-    steps = config.warm_start_steps if config.warm_start_steps >= 0 else profile.warm["steps"]
+    steps = config.warm_start_steps if config.warm_start_steps >= 0 else profile.warm_start.steps
     examples = demonstrations(tokenizer, renderer, tools)
-    rng = random.Random(profile.raw.get("seed", 0))
+    rng = random.Random(profile.seed)
     losses = []
     for step in range(1, steps + 1):
-        batch = [examples[rng.randrange(len(examples))] for _ in range(profile.warm["batch_size"])]
-        frame = sft_frame(collate(batch, pad_id=pad_id, max_seq_len=profile.raw["max_seq_len"]))
-        result = client.poll_request(job_id, client.forward_backward(job_id, frame))
-        client.poll_request(
-            job_id, client.step(job_id, learning_rate=profile.warm["learning_rate"])
-        )
+        batch = [
+            examples[rng.randrange(len(examples))] for _ in range(profile.warm_start.batch_size)
+        ]
+        frame = sft_frame(collate(batch, pad_id=pad_id, max_seq_len=profile.max_seq_len))
+        result, _ = trainer.train_step(frame, learning_rate=profile.warm_start.learning_rate)
         losses.append(result["avg_loss"])
         if step % 25 == 0 or step == steps:
             log.info("warm start step %d/%d loss %.4f", step, steps, losses[-1])
@@ -288,19 +265,8 @@ def warm_start(client, job_id, profile, config, tokenizer, renderer, tools, pad_
     }
 
 
-def save(client, job_id, checkpoints, run, step, profile, state) -> None:
-    saved = client.poll_request(job_id, client.save(job_id, checkpoint_type="resumable"))
-    trainer = {
-        "job_id": job_id,
-        "checkpoint_id": saved["checkpoint_id"],
-        "stage_path": saved["stage_path"],
-    }
-    checkpoints.save(step, {"config_hash": profile.config_hash, "trainer": trainer, "state": state})
-    run.checkpoint(step=step, **trainer)
-
-
 if __name__ == "__main__":
-    out = main(chz.entrypoint(Config))
+    out = main(profiles.entrypoint(Config, TitoProfile))
     keys = ("profile", "eval_before_rl", "eval_after_rl", "rewards", "wall_time_s")
     print(json.dumps({k: out.get(k) for k in keys} if "profile" in out else out))
     sys.exit(0)

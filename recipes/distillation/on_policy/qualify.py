@@ -33,6 +33,7 @@ def run(config: QualifyConfig) -> int:
             profile=config.profile,
             connection=config.connection,
             log_path=f"runs/qualify/{profile.name}",
+            if_exists="overwrite",  # a qualification always trains afresh
         )
     )
     no_teacher = main(
@@ -40,6 +41,7 @@ def run(config: QualifyConfig) -> int:
             profile=config.comparison,
             connection=config.connection,
             log_path=f"runs/qualify/{profile.name}-tau0",
+            if_exists="overwrite",
         )
     )
     checks = qualify.opd_checks(distill, no_teacher)

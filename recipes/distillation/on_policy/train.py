@@ -5,7 +5,8 @@
 Per step: the student sampler generates completions; the frozen teacher (a ``log_probability``
 sub-job) scores the exact prompt + sampled token ids; the scores, aligned to the loss mask,
 go to the ``grpo`` processor as ``teacher_log_probs_shifted`` with ``teacher_tau`` and
-clipping; the student steps; its weights are synced to the student sampler only.
+clipping; the student steps; its weights are synced to the student sampler only. The run lives
+in ``runs/opd/<run_name>/`` (cortex_recipes.run); rerunning the command resumes it.
 """
 
 from __future__ import annotations
@@ -16,19 +17,18 @@ import logging
 import random
 import sys
 import time
-from pathlib import Path
 
 import chz
 import torch
 from cortex_training import wire
 
+from cortex_recipes import profiles
 from cortex_recipes.distill import teacher as teacher_lib
-from cortex_recipes.distill.profile import load_opd_profile
-from cortex_recipes.endpoint import connect, sub_job_ids
+from cortex_recipes.distill.profile import OPDProfile, load_opd_profile
 from cortex_recipes.models import load_tokenizer
 from cortex_recipes.payloads import RESPONSE_OPTIONS
-from cortex_recipes.rollouts import rollouts_from_results
-from cortex_recipes.run_log import RunLog
+from cortex_recipes.rollouts import Rollout, rollouts_from_results, sampler_logprobs_shifted
+from cortex_recipes.run import Trainer, open_run
 from cortex_recipes.sampling import chat_prompt_ids, generate
 
 log = logging.getLogger("recipes.distillation.on_policy")
@@ -37,10 +37,27 @@ DEFAULT_PROFILE = "recipes/distillation/on_policy/configs/local-cpu-smollm2-teac
 
 @chz.chz
 class Config:
-    profile: str = DEFAULT_PROFILE
-    connection: str = "local"
-    log_path: str = ""  # default: runs/opd/<profile name>
-    steps: int = 0  # 0: the profile's steps
+    profile: str = chz.field(
+        default=DEFAULT_PROFILE, doc="the profile file (JSON or TOML) under the recipe's configs/"
+    )
+    connection: str = chz.field(
+        default="local",
+        doc="'local' (the embedded backend) or a connection file for a Cortex endpoint",
+    )
+    run_name: str = chz.field(
+        default="", doc="default: the profile name; the run lives in runs/opd/<run_name>"
+    )
+    log_path: str = chz.field(default="", doc="a run folder other than runs/opd/<run_name>")
+    if_exists: str = chz.field(
+        default="resume", doc="resume | overwrite | fail, when the run folder holds a run"
+    )
+    steps: int = chz.field(default=0, doc="0: the profile's steps")
+    ckpt_interval: int = chz.field(
+        default=0, doc="> 0: a resumable save every this many steps (a resume point)"
+    )
+    overrides: tuple[str, ...] = chz.field(
+        default=(), doc="profile overrides: the command line's other key=value"
+    )
 
 
 def teacher_fingerprint(client, job_id: str, teacher_id: str, probe: list[int]) -> str:
@@ -54,9 +71,7 @@ def teacher_fingerprint(client, job_id: str, teacher_id: str, probe: list[int]) 
     return hashlib.sha256(logprobs.float().numpy().tobytes()).hexdigest()[:16]
 
 
-def rollout(
-    client, job_id: str, prompts: list[list[int]], params: dict
-) -> list[teacher_lib.Rollout]:
+def rollout(client, job_id: str, prompts: list[list[int]], params: dict) -> list[Rollout]:
     return rollouts_from_results(
         prompts, generate(client, job_id, prompts, {**params, "logprobs": 0})
     )
@@ -68,7 +83,7 @@ def eval_reverse_kl(
     """Teacher reverse KL on a fixed prompt set with a fixed sampling seed: comparable across steps."""
     rollouts = rollout(client, job_id, prompts, {**params, "seed": 12345})
     input_ids, mask, scores = teacher_lib.score(client, job_id, teacher, rollouts, pad_id)
-    behaviour = teacher_lib.sampler_logprobs_shifted(rollouts, input_ids.shape[1])
+    behaviour = sampler_logprobs_shifted(rollouts, input_ids.shape[1])
     return teacher_lib.reverse_kl_on_samples(behaviour, scores, mask)
 
 
@@ -76,13 +91,14 @@ def main(config: Config) -> dict:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    profile = load_opd_profile(config.profile)
+    profile = load_opd_profile(config.profile, config.overrides)
     steps = config.steps or profile.steps
-    run = RunLog(
-        Path(config.log_path or f"runs/opd/{profile.name}"),
-        config=chz.asdict(config),
-        profile=profile.raw,
-    )
+    run = open_run(
+        "opd", profile, config,
+        log_path=config.log_path, run_name=config.run_name, if_exists=config.if_exists,
+    )  # fmt: skip
+    if run.finished:
+        return run.finished
 
     student_tok = load_tokenizer(profile.student_model)
     teacher_lib.check_same_tokenizer(student_tok, load_tokenizer(profile.teacher_model))
@@ -97,34 +113,36 @@ def main(config: Config) -> dict:
         if student_tok.pad_token_id is not None
         else student_tok.eos_token_id
     )
-    rng = random.Random(profile.raw.get("seed", 0))
-    history = []
+    rng = random.Random(profile.seed)
     started = time.time()
+    params = {"max_tokens": profile.max_tokens, "temperature": profile.temperature}
 
-    with connect(config.connection) as client:
-        job_id = client.create_job(profile.sub_jobs())
-        ids = sub_job_ids(client.wait_for_job(job_id))
-        trainer, sampler, teacher = ids["training"], ids["sampling"], ids["log_probability"]
+    with run.connect(config.connection) as client:
+        trainer = Trainer.start(
+            client, profile.sub_jobs(), run, weight_format=profile.weight_format
+        )
+        job_id, teacher = trainer.job_id, trainer.sub_jobs["log_probability"]
         fingerprint = teacher_fingerprint(client, job_id, teacher, prompt_ids[0])
-        params = {
-            "max_tokens": profile.max_tokens,
-            "temperature": profile.raw.get("temperature", 1.0),
-        }
-        eval_kls = [eval_reverse_kl(client, job_id, teacher, prompt_ids, params, pad_id)]
-        log.info("eval teacher reverse KL before training %.3f", eval_kls[0])
+        if run.resume:
+            trainer.load(run.resume)  # and sync: the student sampler serves the resumed policy
+            rng.setstate(_rng_state(run.resume["rng"]))
+            eval_kls = run.resume["eval_kls"]
+        else:
+            eval_kls = [eval_reverse_kl(client, job_id, teacher, prompt_ids, params, pad_id)]
+            log.info("eval teacher reverse KL before training %.3f", eval_kls[0])
 
-        for step in range(1, steps + 1):
+        for step in range((run.resumed_from_step or 0) + 1, steps + 1):
             t0 = time.time()
             batch = [
                 prompt_ids[rng.randrange(len(prompt_ids))] for _ in range(profile.rollouts_per_step)
             ]
-            step_seed = profile.raw.get("seed", 0) * 100_003 + step
+            step_seed = profile.seed * 100_003 + step
             rollouts = rollout(client, job_id, batch, {**params, "seed": step_seed})
             t_gen = time.time()
             input_ids, mask, teacher_scores = teacher_lib.score(
                 client, job_id, teacher, rollouts, pad_id
             )
-            behaviour = teacher_lib.sampler_logprobs_shifted(rollouts, input_ids.shape[1])
+            behaviour = sampler_logprobs_shifted(rollouts, input_ids.shape[1])
             reverse_kl = teacher_lib.reverse_kl_on_samples(behaviour, teacher_scores, mask)
             baseline = teacher_lib.teacher_baseline(
                 behaviour, teacher_scores, mask, profile.grpo_config()
@@ -148,14 +166,8 @@ def main(config: Config) -> dict:
                 },
                 metadata=RESPONSE_OPTIONS,
             )
-            result = client.poll_request(job_id, client.forward_backward(job_id, frame))
-            client.poll_request(job_id, client.step(job_id))
-            client.poll_request(
-                job_id,
-                client.weight_sync(
-                    job_id, trainer, [sampler], weight_format=profile.raw.get("weight_format", "hf")
-                ),
-            )
+            result, _ = trainer.train_step(frame)
+            trainer.sync()  # to the student sampler only; the teacher stays frozen
             m = result["metrics"]
             record = {
                 "step": step,
@@ -167,8 +179,8 @@ def main(config: Config) -> dict:
                 "loss": result["avg_loss"],
                 "clip_ratio": m.get("clip_ratio"),
                 "approx_kl": m.get("approx_kl"),
-                "time/generate_s": round(t_gen - t0, 3),
-                "time/step_s": round(time.time() - t0, 3),
+                "time/rollouts": round(t_gen - t0, 3),
+                "time/step": round(time.time() - t0, 3),
             }
             if step % 5 == 0 or step == steps:
                 eval_kls.append(
@@ -176,7 +188,8 @@ def main(config: Config) -> dict:
                 )
                 record["eval/teacher_reverse_kl"] = eval_kls[-1]
             run.metrics(**record)
-            history.append(record)
+            if config.ckpt_interval and step % config.ckpt_interval == 0 and step < steps:
+                trainer.save_resumable(step, {"rng": rng.getstate(), "eval_kls": eval_kls})
             log.info(
                 "step %d/%d teacher reverse KL %.3f teacher tokens %d",
                 step,
@@ -189,12 +202,10 @@ def main(config: Config) -> dict:
             raise RuntimeError(
                 "the teacher's scores changed during the run; the teacher must stay frozen"
             )
-        saved = client.poll_request(job_id, client.save(job_id, checkpoint_type="weights-only"))
-        run.checkpoint(
-            step=steps, **{k: saved[k] for k in ("checkpoint_id", "stage_path", "checkpoint_type")}
-        )
+        saved = trainer.save_weights(steps)
         client.cancel_job(job_id)
 
+    history = run.read_metrics()
     kls = [h["teacher_reverse_kl"] for h in history]
     summary = {
         "profile": profile.name,
@@ -206,13 +217,19 @@ def main(config: Config) -> dict:
         "losses": [h["loss"] for h in history],
         "teacher_fingerprint": fingerprint,
         "checkpoint_id": saved["checkpoint_id"],
+        "resumed_from_step": run.resumed_from_step,
         "wall_time_s": round(time.time() - started, 1),
     }
-    run.summary(summary)
-    return summary
+    return run.summary(summary)
+
+
+def _rng_state(saved: list) -> tuple:
+    """``random.Random.getstate()`` back from its JSON form (lists for tuples)."""
+    version, internal, gauss = saved
+    return version, tuple(internal), gauss
 
 
 if __name__ == "__main__":
-    out = main(chz.entrypoint(Config))
+    out = main(profiles.entrypoint(Config, OPDProfile))
     print(json.dumps({k: out[k] for k in ("profile", "eval_teacher_reverse_kl", "wall_time_s")}))
     sys.exit(0)

@@ -110,7 +110,7 @@ def main(config: Config) -> dict:
         "dropped_total": metrics[-1]["off_policy/dropped_total"],
         "time_per_step_s": [m["time/train"] for m in metrics],
     }
-    checks = async_grpo_checks(run, profile.raw["max_steps"], profile.lag_config())
+    checks = async_grpo_checks(run, profile.max_steps, profile.lag_config())
     evals = summary["eval_accuracy"]
     measured = {
         "eval_accuracy_before": evals[0]["accuracy"],

@@ -20,14 +20,13 @@ import json
 import logging
 import sys
 import time
-from pathlib import Path
 
 import chz
 
-from cortex_recipes.endpoint import LOCAL, connect, sub_job_ids
+from cortex_recipes import profiles
 from cortex_recipes.models import load_tokenizer
+from cortex_recipes.profiles import ProfileError
 from cortex_recipes.reconnect import is_recoverable
-from cortex_recipes.rl.checkpoint import CheckpointError, RunCheckpoints
 from cortex_recipes.rl.grpo import (
     ScoredGroup,
     greedy_eval,
@@ -39,9 +38,8 @@ from cortex_recipes.rl.grpo import (
 from cortex_recipes.rl.orchestrator import AsyncOrchestrator, Intervals, overlap_seconds
 from cortex_recipes.rl.policy_lag import RolloutBook
 from cortex_recipes.rl.profile import GRPOProfile, load_grpo_profile
-from cortex_recipes.run_log import RunLog
+from cortex_recipes.run import Run, Trainer, open_run
 from cortex_recipes.sampling import chat_prompt_ids
-from cortex_recipes.sft import ProfileError
 
 log = logging.getLogger("recipes.rl.async_grpo")
 DEFAULT_PROFILE = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
@@ -49,120 +47,98 @@ DEFAULT_PROFILE = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
 
 @chz.chz
 class Config:
-    profile: str = DEFAULT_PROFILE
-    connection: str = "local"
-    log_path: str = ""  # default: runs/async_grpo/<profile name>
-    max_steps: int = 0  # 0: the profile's max_steps
-    if_exists: str = "resume"  # resume | overwrite | fail, when log_path holds checkpoints
-    max_reconnects: int = 3
-    env_latency_s: float = -1.0  # < 0: the profile's env.latency_s
+    profile: str = chz.field(
+        default=DEFAULT_PROFILE, doc="the profile file (JSON or TOML) under the recipe's configs/"
+    )
+    connection: str = chz.field(
+        default="local",
+        doc="'local' (the embedded backend) or a connection file for a Cortex endpoint",
+    )
+    run_name: str = chz.field(
+        default="", doc="default: the profile name; the run lives in runs/async_grpo/<run_name>"
+    )
+    log_path: str = chz.field(default="", doc="a run folder other than runs/async_grpo/<run_name>")
+    if_exists: str = chz.field(
+        default="resume", doc="resume | overwrite | fail, when the run folder holds a run"
+    )
+    max_steps: int = chz.field(default=0, doc="0: the profile's max_steps")
+    max_reconnects: int = chz.field(
+        default=3, doc="reconnects after a lost backend before the run gives up"
+    )
+    env_latency_s: float = chz.field(default=-1.0, doc="< 0: the profile's env.latency_s")
+    overrides: tuple[str, ...] = chz.field(
+        default=(), doc="profile overrides: the command line's other key=value"
+    )
 
 
 def main(config: Config) -> dict:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    profile = load_grpo_profile(config.profile)
+    profile = load_grpo_profile(config.profile, config.overrides)
     if not profile.is_async:
         raise ProfileError(
             f"{config.profile}: orchestrator.max_async_level is not set; "
             "synchronous profiles belong to recipes/rl/math_grpo"
         )
-    if config.if_exists not in ("resume", "overwrite", "fail"):
-        raise ValueError(f"if_exists={config.if_exists!r}; accepted: resume, overwrite, fail")
-    run_dir = Path(config.log_path or f"runs/async_grpo/{profile.name}")
-    checkpoints = RunCheckpoints(run_dir / "checkpoints")
-    if checkpoints.steps():
-        if config.if_exists == "fail":
-            raise CheckpointError(
-                f"{run_dir} already holds checkpoints up to step {checkpoints.steps()[-1]}; "
-                "pass if_exists=resume to continue or if_exists=overwrite to start again"
-            )
-        if config.if_exists == "overwrite":
-            checkpoints.clear()
-    latest = checkpoints.latest()
-    if latest is not None and latest.get("config_hash") != profile.config_hash:
-        raise CheckpointError(
-            f"{checkpoints.root}/step_{latest['step']}: written with profile hash "
-            f"{latest.get('config_hash')}, this run's profile hashes to {profile.config_hash}; "
-            "resume with the same profile or pass if_exists=overwrite"
-        )
+    run = open_run(
+        "async_grpo", profile, config,
+        log_path=config.log_path, run_name=config.run_name, if_exists=config.if_exists,
+    )  # fmt: skip
+    if run.finished:
+        return run.finished
 
     reconnects = 0
     while True:
-        resume = checkpoints.latest()
+        run.reload_resume()
         try:
-            with connect(
-                config.connection,
-                state_dir=run_dir / "backend" if config.connection == LOCAL else None,
-                client_options={"max_retries": 2, "poll_timeout": 1800.0},
+            with run.connect(
+                config.connection, client_options={"max_retries": 2, "poll_timeout": 1800.0}
             ) as client:
-                return train(client, config, profile, run_dir, checkpoints, resume, reconnects)
+                return train(client, config, profile, run, reconnects)
         except Exception as exc:
             if not is_recoverable(exc) or reconnects >= config.max_reconnects:
                 raise
             reconnects += 1
-            step = checkpoints.steps()[-1] if checkpoints.steps() else 0
             log.warning(
                 "lost the backend (%s: %s); reconnect %d/%d, resuming after step %d",
                 type(exc).__name__,
                 exc,
                 reconnects,
                 config.max_reconnects,
-                step,
+                (run.checkpoints.steps() or [0])[-1],
             )
             time.sleep(min(2.0**reconnects, 30.0))
 
 
-def train(client, config, profile: GRPOProfile, run_dir, checkpoints, resume, reconnects) -> dict:
-    raw = profile.raw
-    max_steps = config.max_steps or raw["max_steps"]
+def train(client, config, profile: GRPOProfile, run: Run, reconnects: int) -> dict:
+    resume = run.resume
+    max_steps = config.max_steps or profile.max_steps
     lag = profile.lag_config()
-    tokenizer = load_tokenizer(raw["model"])
+    tokenizer = load_tokenizer(profile.model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    env_cfg = raw["env"]
-    eval_cfg = raw.get("eval", {})
     env, eval_env = profile.envs()
-    order = task_order(env_cfg["seed"], env.size)
-    latency = config.env_latency_s if config.env_latency_s >= 0 else env_cfg.get("latency_s", 0.0)
+    order = task_order(profile.env.seed, env.size)
+    latency = config.env_latency_s if config.env_latency_s >= 0 else profile.env.latency_s
     params = profile.sampling_params()
-    seed = raw.get("seed", 0)
+    seed = profile.seed
+    ckpt_interval = profile.ckpt.interval if profile.ckpt else 1
 
-    job_id = client.create_job(profile.sub_jobs())
-    ids = sub_job_ids(client.wait_for_job(job_id))
-    trainer, sampler = ids["training"], ids["sampling"]
-    weight_format = raw.get("weight_format", "hf")
-
-    def sync_weights() -> None:
-        client.poll_request(
-            job_id, client.weight_sync(job_id, trainer, [sampler], weight_format=weight_format)
-        )
-
+    trainer = Trainer.start(client, profile.sub_jobs(), run, weight_format=profile.weight_format)
+    job_id = trainer.job_id
     if resume is not None:
-        source = resume["trainer"]
-        client.poll_request(
-            job_id,
-            client.load(job_id, source["checkpoint_id"], source_job_id=source["job_id"]),
-        )
-        sync_weights()  # the sampler serves v_{resume_step} before the first dispatch
+        trainer.load(resume)  # and sync: the sampler serves v_{resume_step} before dispatch
         book = RolloutBook.from_state(lag, resume["book"])
         evals = resume["evals"]
         start_step = resume["step"] + 1
-        log.info("resumed from step %d (trainer checkpoint %s)", resume["step"], source)
     else:
         book = RolloutBook(lag)
         evals = []
         start_step = 1
     book.last_step = max_steps  # no rollouts for steps that will never train
-    run = RunLog(
-        run_dir,
-        keep_through_step=resume["step"] if resume else None,
-        config=chz.asdict(config),
-        profile=raw,
-    )
     if not evals:
         evals.append(
-            {"step": 0, **greedy_eval(client, job_id, tokenizer, eval_env, _eval_tokens(raw))}
+            {"step": 0, **greedy_eval(client, job_id, tokenizer, eval_env, profile.eval_max_tokens)}
         )
         log.info("eval before training: accuracy %.3f", evals[0]["accuracy"])
 
@@ -188,15 +164,11 @@ def train(client, config, profile: GRPOProfile, run_dir, checkpoints, resume, re
     with orchestrator:
         for step in range(start_step, max_steps + 1):
             batch, waited = orchestrator.next_batch(step)
-            groups = []
-            for g in batch.groups:
-                g.payload.policy_start, g.payload.policy_end = g.policy_start, g.policy_end
-                groups.append(g.payload)
+            groups = [g.payload for g in batch.groups]
             frame, stats = grpo_frame(groups, pad_id, profile.loss_config())
             t0 = time.monotonic()
-            result = client.poll_request(job_id, client.forward_backward(job_id, frame))
-            client.poll_request(job_id, client.step(job_id))
-            sync_weights()
+            result, _ = trainer.train_step(frame)
+            trainer.sync()
             training.add(t0, time.monotonic())
             orchestrator.publish(step)
             m = result["metrics"]
@@ -213,19 +185,20 @@ def train(client, config, profile: GRPOProfile, run_dir, checkpoints, resume, re
                 "clip_ratio": m.get("clip_ratio"),
                 "time/wait_for_batch": round(waited, 3),
                 "time/train": round(time.monotonic() - t0, 3),
+                "time/step": round(time.monotonic() - t0 + waited, 3),
                 **orchestrator.gauges(),
             }
-            if step % eval_cfg.get("interval", 5) == 0 or step == max_steps:
+            if step % profile.eval.interval == 0 or step == max_steps:
                 evals.append(
                     {
                         "step": step,
-                        **greedy_eval(client, job_id, tokenizer, eval_env, _eval_tokens(raw)),
+                        **greedy_eval(client, job_id, tokenizer, eval_env, profile.eval_max_tokens),
                     }
                 )
                 record["eval/accuracy"] = evals[-1]["accuracy"]
-            if step % raw.get("ckpt", {}).get("interval", 1) == 0 or step == max_steps:
-                record["time/save_ckpt"] = _checkpoint(
-                    client, job_id, checkpoints, run, step, profile, orchestrator, evals
+            if step % ckpt_interval == 0 or step == max_steps:
+                record["time/save_ckpt"] = trainer.save_resumable(
+                    step, {"book": orchestrator.state_dict(), "evals": evals}
                 )
             run.metrics(**record)
             log.info(
@@ -263,35 +236,11 @@ def train(client, config, profile: GRPOProfile, run_dir, checkpoints, resume, re
         "loop_time_s": round(segment_s, 2),
         "wall_time_s": round(segment_s, 1),
     }
-    run.summary(summary)
-    return summary
-
-
-def _eval_tokens(raw: dict) -> int:
-    return raw.get("eval", {}).get("max_tokens", raw["orchestrator"]["sampling"]["max_tokens"])
-
-
-def _checkpoint(client, job_id, checkpoints, run, step, profile, orchestrator, evals) -> float:
-    """Trainer (resumable save) first, then the orchestrator state that points at it."""
-    t0 = time.monotonic()
-    saved = client.poll_request(job_id, client.save(job_id, checkpoint_type="resumable"))
-    trainer = {"job_id": job_id, **{k: saved[k] for k in ("checkpoint_id", "stage_path")}}
-    book_state = orchestrator.state_dict()
-    checkpoints.save(
-        step,
-        {
-            "config_hash": profile.config_hash,
-            "trainer": trainer,
-            "book": book_state,
-            "evals": evals,
-        },
-    )
-    run.checkpoint(step=step, **trainer)
-    return round(time.monotonic() - t0, 3)
+    return run.summary(summary)
 
 
 if __name__ == "__main__":
-    out = main(chz.entrypoint(Config))
+    out = main(profiles.entrypoint(Config, GRPOProfile))
     keys = ("profile", "eval_accuracy", "off_policy_max", "overlap_fraction", "wall_time_s")
     print(json.dumps({k: out[k] for k in keys}))
     sys.exit(0)

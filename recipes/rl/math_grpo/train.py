@@ -12,6 +12,9 @@ Every step does the same five things, one after the other, on the current policy
 4. ``step``;
 5. ``weight_sync`` the new weights to the sampler.
 Nothing overlaps, so every batch is on-policy. recipes/rl/async_grpo is the overlapped version.
+The run lives in ``runs/math_grpo/<run_name>/`` (cortex_recipes.run): a resumable save every
+``ckpt.interval`` steps (when the profile sets one) and after the last step; rerunning the
+command resumes.
 """
 
 from __future__ import annotations
@@ -20,18 +23,17 @@ import json
 import logging
 import sys
 import time
-from pathlib import Path
 
 import chz
 
-from cortex_recipes.endpoint import connect, sub_job_ids
+from cortex_recipes import profiles
 from cortex_recipes.models import load_tokenizer
+from cortex_recipes.profiles import ProfileError
 from cortex_recipes.rl.grpo import ScoredGroup, greedy_eval, group_seed, grpo_frame, task_order
-from cortex_recipes.rl.profile import load_grpo_profile
+from cortex_recipes.rl.profile import GRPOProfile, load_grpo_profile
 from cortex_recipes.rollouts import rollouts_from_results
-from cortex_recipes.run_log import RunLog
+from cortex_recipes.run import Trainer, open_run
 from cortex_recipes.sampling import chat_prompt_ids, generate
-from cortex_recipes.sft import ProfileError
 
 log = logging.getLogger("recipes.rl.math_grpo")
 DEFAULT_PROFILE = "recipes/rl/math_grpo/configs/local-cpu-smollm2-lora.json"
@@ -39,42 +41,70 @@ DEFAULT_PROFILE = "recipes/rl/math_grpo/configs/local-cpu-smollm2-lora.json"
 
 @chz.chz
 class Config:
-    profile: str = DEFAULT_PROFILE
-    connection: str = "local"
-    log_path: str = ""  # default: runs/math_grpo/<profile name>
-    max_steps: int = 0  # 0: the profile's max_steps
-    env_latency_s: float = -1.0  # < 0: the profile's env.latency_s
+    profile: str = chz.field(
+        default=DEFAULT_PROFILE, doc="the profile file (JSON or TOML) under the recipe's configs/"
+    )
+    connection: str = chz.field(
+        default="local",
+        doc="'local' (the embedded backend) or a connection file for a Cortex endpoint",
+    )
+    run_name: str = chz.field(
+        default="", doc="default: the profile name; the run lives in runs/math_grpo/<run_name>"
+    )
+    log_path: str = chz.field(default="", doc="a run folder other than runs/math_grpo/<run_name>")
+    if_exists: str = chz.field(
+        default="resume", doc="resume | overwrite | fail, when the run folder holds a run"
+    )
+    max_steps: int = chz.field(default=0, doc="0: the profile's max_steps")
+    env_latency_s: float = chz.field(default=-1.0, doc="< 0: the profile's env.latency_s")
+    overrides: tuple[str, ...] = chz.field(
+        default=(), doc="profile overrides: the command line's other key=value"
+    )
 
 
 def main(config: Config) -> dict:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    profile = load_grpo_profile(config.profile)
+    profile = load_grpo_profile(config.profile, config.overrides)
     if profile.is_async:
         raise ProfileError(
             f"{config.profile} sets orchestrator.max_async_level: asynchronous profiles belong "
             "to recipes/rl/async_grpo"
         )
-    raw, env_cfg, eval_cfg = profile.raw, profile.raw["env"], profile.raw.get("eval", {})
-    max_steps = config.max_steps or raw["max_steps"]
-    latency = config.env_latency_s if config.env_latency_s >= 0 else env_cfg.get("latency_s", 0.0)
-    run = RunLog(Path(config.log_path or f"runs/math_grpo/{profile.name}"), profile=raw)
-    tokenizer = load_tokenizer(raw["model"])
+    max_steps = config.max_steps or profile.max_steps
+    latency = config.env_latency_s if config.env_latency_s >= 0 else profile.env.latency_s
+    ckpt_interval = profile.ckpt.interval if profile.ckpt else 0  # 0: after the last step only
+    run = open_run(
+        "math_grpo", profile, config,
+        log_path=config.log_path, run_name=config.run_name, if_exists=config.if_exists,
+    )  # fmt: skip
+    if run.finished:
+        return run.finished
+    tokenizer = load_tokenizer(profile.model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     env, eval_env = profile.envs()
-    order = task_order(env_cfg["seed"], env.size)
-    eval_tokens = eval_cfg.get("max_tokens", profile.sampling_params()["max_tokens"])
-    history, evals = [], []
+    order = task_order(profile.env.seed, env.size)
+    evals = run.resume["evals"] if run.resume else []
     started = time.monotonic()
 
-    with connect(config.connection) as client:
-        job_id = client.create_job(profile.sub_jobs())
-        ids = sub_job_ids(client.wait_for_job(job_id))
-        evals.append({"step": 0, **greedy_eval(client, job_id, tokenizer, eval_env, eval_tokens)})
+    with run.connect(config.connection) as client:
+        trainer = Trainer.start(
+            client, profile.sub_jobs(), run, weight_format=profile.weight_format
+        )
+        job_id = trainer.job_id
+        if run.resume:
+            trainer.load(run.resume)  # and sync: the sampler serves the resumed policy
+        if not evals:
+            evals.append(
+                {
+                    "step": 0,
+                    **greedy_eval(client, job_id, tokenizer, eval_env, profile.eval_max_tokens),
+                }
+            )
 
         loop_started = time.monotonic()
-        for step in range(1, max_steps + 1):
+        for step in range((run.resumed_from_step or 0) + 1, max_steps + 1):
             t0 = time.monotonic()
             # 1. Sample: group g of the run is task order[g], every rollout with its own seed.
             first = (step - 1) * profile.groups_per_step
@@ -84,7 +114,7 @@ def main(config: Config) -> dict:
             prompts, rows = [], []
             for g, task in enumerate(tasks):
                 prompt = chat_prompt_ids(tokenizer, env.prompt(task))
-                seed = group_seed(raw.get("seed", 0), first + g, profile.group_size)
+                seed = group_seed(profile.seed, first + g, profile.group_size)
                 for i in range(profile.group_size):
                     prompts.append(prompt)
                     rows.append({**profile.sampling_params(), "logprobs": 0, "seed": seed + i})
@@ -92,25 +122,18 @@ def main(config: Config) -> dict:
             # 2. Score: reasoning-gym's scorer; group-relative advantages happen in the frame.
             groups = []
             for g, task in enumerate(tasks):
-                mine = rollouts[g * profile.group_size : (g + 1) * profile.group_size]
-                texts = [tokenizer.decode(r.completion_ids, skip_special_tokens=True) for r in mine]
-                groups.append(ScoredGroup(task.index, mine, [env.score(task, t) for t in texts]))
+                group = rollouts[g * profile.group_size : (g + 1) * profile.group_size]
+                texts = [
+                    tokenizer.decode(r.completion_ids, skip_special_tokens=True) for r in group
+                ]
+                groups.append(ScoredGroup(task.index, group, [env.score(task, t) for t in texts]))
             if latency:
                 time.sleep(latency)  # the verifier scores all groups of the step concurrently
             t_sampled = time.monotonic()
             # 3-5. Train on the batch, step, and put the new weights on the sampler.
             frame, stats = grpo_frame(groups, pad_id, profile.loss_config())
-            result = client.poll_request(job_id, client.forward_backward(job_id, frame))
-            client.poll_request(job_id, client.step(job_id))
-            client.poll_request(
-                job_id,
-                client.weight_sync(
-                    job_id,
-                    ids["training"],
-                    [ids["sampling"]],
-                    weight_format=raw.get("weight_format", "hf"),
-                ),
-            )
+            result, _ = trainer.train_step(frame)
+            trainer.sync()
             record = {
                 "step": step,
                 "loss": result["avg_loss"],
@@ -119,14 +142,19 @@ def main(config: Config) -> dict:
                 "mismatch_kl/mean": result["metrics"].get("approx_kl"),
                 "time/rollouts": round(t_sampled - t0, 3),
                 "time/train": round(time.monotonic() - t_sampled, 3),
+                "time/step": round(time.monotonic() - t0, 3),
             }
-            if step % eval_cfg.get("interval", 5) == 0 or step == max_steps:
+            if step % profile.eval.interval == 0 or step == max_steps:
                 evals.append(
-                    {"step": step, **greedy_eval(client, job_id, tokenizer, eval_env, eval_tokens)}
+                    {
+                        "step": step,
+                        **greedy_eval(client, job_id, tokenizer, eval_env, profile.eval_max_tokens),
+                    }
                 )
                 record["eval/accuracy"] = evals[-1]["accuracy"]
+            if (ckpt_interval and step % ckpt_interval == 0) or step == max_steps:
+                record["time/save_ckpt"] = trainer.save_resumable(step, {"evals": evals})
             run.metrics(**record)
-            history.append(record)
             log.info(
                 "step %d/%d reward %.3f loss %.4f eval %s",
                 step,
@@ -138,21 +166,23 @@ def main(config: Config) -> dict:
         loop_s = time.monotonic() - loop_started
         client.cancel_job(job_id)
 
-    summary = {
-        "profile": profile.name,
-        "config_hash": profile.config_hash,
-        "steps": [h["step"] for h in history],
-        "rewards": [h["reward/mean"] for h in history],
-        "losses": [h["loss"] for h in history],
-        "eval_accuracy": [{"step": e["step"], "accuracy": e["accuracy"]} for e in evals],
-        "loop_time_s": round(loop_s, 2),
-        "wall_time_s": round(time.monotonic() - started, 1),
-    }
-    run.summary(summary)
-    return summary
+    history = run.read_metrics()
+    return run.summary(
+        {
+            "profile": profile.name,
+            "config_hash": profile.config_hash,
+            "steps": [h["step"] for h in history],
+            "rewards": [h["reward/mean"] for h in history],
+            "losses": [h["loss"] for h in history],
+            "eval_accuracy": [{"step": e["step"], "accuracy": e["accuracy"]} for e in evals],
+            "resumed_from_step": run.resumed_from_step,
+            "loop_time_s": round(loop_s, 2),
+            "wall_time_s": round(time.monotonic() - started, 1),
+        }
+    )
 
 
 if __name__ == "__main__":
-    out = main(chz.entrypoint(Config))
+    out = main(profiles.entrypoint(Config, GRPOProfile))
     print(json.dumps({k: out[k] for k in ("profile", "eval_accuracy", "rewards", "wall_time_s")}))
     sys.exit(0)

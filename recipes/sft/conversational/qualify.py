@@ -36,6 +36,7 @@ def run(config: QualifyConfig) -> int:
                 profile=config.profile,
                 connection=config.connection,
                 log_path=f"runs/qualify/{profile.name}/run{i}",
+                if_exists="overwrite",  # a qualification always trains afresh
             )
         )
         for i in range(config.runs)

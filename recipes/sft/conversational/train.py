@@ -6,7 +6,8 @@ Reads top to bottom as the algorithm: load the profile and data, render conversa
 token ids with per-token weights, greedy-evaluate the base model, train (forward-backward with
 ``causal_cross_entropy`` + step), save weights-only, reload that checkpoint into a fresh
 sampling sub-job and evaluate again. ``connection=local`` (default) runs against the embedded
-local backend; ``connection=<file.json>`` against a Cortex endpoint.
+local backend; ``connection=<file.json>`` against a Cortex endpoint. The run lives in
+``runs/sft/<run_name>/`` (cortex_recipes.run); rerunning the command resumes it.
 """
 
 from __future__ import annotations
@@ -15,15 +16,12 @@ import json
 import logging
 import sys
 import time
-from pathlib import Path
 
 import chz
 
-from cortex_recipes import payloads, sft
-from cortex_recipes.endpoint import connect
+from cortex_recipes import payloads, profiles, sft
 from cortex_recipes.models import load_tokenizer
-from cortex_recipes.qualify import git_revision
-from cortex_recipes.run_log import RunLog
+from cortex_recipes.run import Trainer, open_run
 from cortex_recipes.sampling import greedy_answers
 from cortex_recipes.supervision import collate, make_renderer, render_supervised
 
@@ -33,11 +31,30 @@ DEFAULT_PROFILE = "recipes/sft/conversational/configs/local-cpu-tiny-qwen3.json"
 
 @chz.chz
 class Config:
-    profile: str = DEFAULT_PROFILE
-    connection: str = "local"
-    log_path: str = ""  # default: runs/sft/<profile name>
-    steps: int = 0  # 0: the profile's steps
-    legacy_labels: bool = False  # compatibility only: model-side loss from labels (no weights)
+    profile: str = chz.field(
+        default=DEFAULT_PROFILE, doc="the profile file (JSON or TOML) under the recipe's configs/"
+    )
+    connection: str = chz.field(
+        default="local",
+        doc="'local' (the embedded backend) or a connection file for a Cortex endpoint",
+    )
+    run_name: str = chz.field(
+        default="", doc="default: the profile name; the run lives in runs/sft/<run_name>"
+    )
+    log_path: str = chz.field(default="", doc="a run folder other than runs/sft/<run_name>")
+    if_exists: str = chz.field(
+        default="resume", doc="resume | overwrite | fail, when the run folder holds a run"
+    )
+    steps: int = chz.field(default=0, doc="0: the profile's steps")
+    ckpt_interval: int = chz.field(
+        default=0, doc="> 0: a resumable save every this many steps (a resume point)"
+    )
+    legacy_labels: bool = chz.field(
+        default=False, doc="compatibility only: model-side loss from labels (no weights)"
+    )
+    overrides: tuple[str, ...] = chz.field(
+        default=(), doc="profile overrides: the command line's other key=value"
+    )
 
 
 def evaluate(client, profile: sft.SFTProfile, tokenizer, job_id: str) -> dict:
@@ -64,46 +81,49 @@ def main(config: Config) -> dict:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    profile = sft.load_profile(config.profile)
+    profile = sft.load_profile(config.profile, config.overrides)
     steps = config.steps or profile.steps
-    run = RunLog(
-        Path(config.log_path or f"runs/sft/{profile.name}"),
-        config=chz.asdict(config),
-        profile=profile.raw,
-    )
+    run = open_run(
+        "sft", profile, config,
+        log_path=config.log_path, run_name=config.run_name, if_exists=config.if_exists,
+    )  # fmt: skip
+    if run.finished:
+        return run.finished
 
     tokenizer = load_tokenizer(profile.model_name)
     renderer = make_renderer(tokenizer, profile.renderer)
     examples = [
-        render_supervised(messages, tokenizer, renderer, profile.train_on)
-        for messages in sft.load_conversations(profile.dataset)
+        render_supervised(messages, tokenizer, renderer, profile.train_on_what)
+        for messages in sft.load_conversations(profile.dataset_path)
     ]
     pad_id = (
         tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     )
     frame = payloads.legacy_labels_frame if config.legacy_labels else payloads.sft_frame
-    summary: dict = {"profile": profile.name, "config_hash": profile.config_hash, "steps": steps}
+    state = run.resume or {"losses": [], "eval_before": None}
+    losses = state["losses"]
     started = time.time()
 
-    with connect(config.connection) as client:
-        if profile.eval:
+    with run.connect(config.connection) as client:
+        if profile.eval and state["eval_before"] is None:
             job_id = client.create_job([profile.sampling_sub_job()])
             client.wait_for_job(job_id)
-            summary["eval_before"] = evaluate(client, profile, tokenizer, job_id)
+            state["eval_before"] = evaluate(client, profile, tokenizer, job_id)
             client.cancel_job(job_id)
 
-        job_id = client.create_job([profile.training_sub_job()])
-        client.wait_for_job(job_id)
-        losses = []
+        trainer = Trainer.start(client, [profile.training_sub_job()], run)
+        if run.resume:
+            trainer.load(run.resume)
         for step, indices in enumerate(
             sft.batches(len(examples), profile.batch_size, steps, profile.seed), start=1
         ):
+            if step <= len(losses):
+                continue  # trained before the checkpoint this run resumed from
             t0 = time.time()
             batch = collate(
                 [examples[i] for i in indices], pad_id=pad_id, max_seq_len=profile.max_seq_len
             )
-            result = client.poll_request(job_id, client.forward_backward(job_id, frame(batch)))
-            stepped = client.poll_request(job_id, client.step(job_id))
+            result, stepped = trainer.train_step(frame(batch))
             losses.append(result["avg_loss"])
             run.metrics(
                 step=step,
@@ -114,17 +134,24 @@ def main(config: Config) -> dict:
                 truncated_examples=batch.n_truncated,
                 grad_norm=stepped.get("grad_norm"),
                 lr=stepped.get("last_lr"),
-                time_s=round(time.time() - t0, 3),
+                **{"time/step": round(time.time() - t0, 3)},
             )
             log.info("step %d/%d loss %.4f", step, steps, result["avg_loss"])
-        saved = client.poll_request(job_id, client.save(job_id, checkpoint_type="weights-only"))
-        run.checkpoint(
-            step=steps, **{k: saved[k] for k in ("checkpoint_id", "stage_path", "checkpoint_type")}
-        )
-        client.cancel_job(job_id)
+            if config.ckpt_interval and step % config.ckpt_interval == 0 and step < steps:
+                trainer.save_resumable(
+                    step, {"losses": losses, "eval_before": state["eval_before"]}
+                )
+        saved = trainer.save_weights(steps)
+        client.cancel_job(trainer.job_id)
 
+        summary: dict = {
+            "profile": profile.name,
+            "config_hash": profile.config_hash,
+            "steps": steps,
+        }
         if profile.eval:
-            source = {"checkpoint_id": saved["checkpoint_id"], "source_job_id": job_id}
+            summary["eval_before"] = state["eval_before"]
+            source = {"checkpoint_id": saved["checkpoint_id"], "source_job_id": trainer.job_id}
             eval_job = client.create_job([profile.sampling_sub_job(source_checkpoint_info=source)])
             client.wait_for_job(eval_job)
             summary["eval_after"] = evaluate(client, profile, tokenizer, eval_job)
@@ -134,15 +161,14 @@ def main(config: Config) -> dict:
         losses=losses,
         final_loss=losses[-1],
         checkpoint_id=saved["checkpoint_id"],
+        resumed_from_step=run.resumed_from_step,
         wall_time_s=round(time.time() - started, 1),
-        git_revision=git_revision(),
     )
-    run.summary(summary)
-    return summary
+    return run.summary(summary)
 
 
 if __name__ == "__main__":
-    result = main(chz.entrypoint(Config))
+    result = main(profiles.entrypoint(Config, sft.SFTProfile))
     print(
         json.dumps(
             {k: result[k] for k in ("profile", "final_loss", "wall_time_s", "checkpoint_id")}

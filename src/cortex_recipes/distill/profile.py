@@ -1,105 +1,93 @@
-"""On-policy distillation profiles (checked-in JSON configs)."""
+"""On-policy distillation profiles (checked-in JSON configs), typed by cortex_recipes.profiles."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cortex_recipes.qualify import config_hash
-from cortex_recipes.sft import ProfileError
-
-_KEYS = {
-    "name", "description", "student_model", "teacher_model", "prompts", "max_seq_len",
-    "rollouts_per_step", "max_tokens", "temperature", "steps", "learning_rate", "seed",
-    "dtype", "n_gpus", "training", "teacher_tau", "teacher_clip", "teacher_clip_negative",
-    "eps_clip", "weight_format",
-}  # fmt: skip
+from cortex_recipes import profiles
+from cortex_recipes.profiles import setting
+from cortex_recipes.sub_jobs import batch_problem, journey_sub_jobs
 
 
 @dataclass(frozen=True)
 class OPDProfile:
-    path: Path
-    raw: dict[str, Any]
+    """An on-policy distillation profile (recipes/distillation/on_policy/configs/*.json)."""
 
-    def __getattr__(self, key: str) -> Any:
-        if key in _KEYS:
-            return self.raw.get(key)
-        raise AttributeError(key)
+    name: str = setting(doc="the profile name (the file's stem)")
+    student_model: str = setting(doc="the model that trains (a fixture, hub name or directory)")
+    teacher_model: str = setting(doc="the frozen teacher; it must share the student's tokenizer")
+    prompts: str = setting(doc="JSONL of {prompt: ...}, relative to the recipe folder")
+    max_seq_len: int = setting(gt=0, doc="prompt + completion tokens per rollout")
+    rollouts_per_step: int = setting(
+        gt=0, doc="student rollouts per optimiser step, across all GPUs (the global batch)"
+    )
+    max_tokens: int = setting(gt=0, doc="new tokens per rollout")
+    steps: int = setting(gt=0, doc="optimiser steps")
+    learning_rate: float = setting(gt=0, doc="AdamW learning rate")
+    teacher_tau: float = setting(ge=0, doc="weight of the teacher term; 0 turns the teacher off")
+    description: str = setting("", doc="what the profile is for")
+    temperature: float = setting(1.0, ge=0, doc="student sampling temperature")
+    seed: int = setting(0, doc="seed of the prompt draws, the rollouts and the sub-jobs")
+    dtype: str = setting("float32", doc="model dtype of the sub-jobs")
+    n_gpus: int = setting(1, ge=1, doc="GPUs per sub-job (hosted semantics)")
+    training: dict[str, Any] = setting(
+        default_factory=dict, doc="passed through to training_config (peft_config, ...)"
+    )
+    teacher_clip: float | None = setting(
+        None, doc="cap on a positive teacher - student log ratio (needed when teacher_tau > 0)"
+    )
+    teacher_clip_negative: float | None = setting(
+        None, gt=0, doc="cap on a negative ratio (default: teacher_clip)"
+    )
+    eps_clip: float = setting(0.2, ge=0, doc="PPO ratio clip between sampler and trainer")
+    weight_format: str = setting("hf", choices=("hf", "lora"), doc="weight sync format")
+    path: Path = field(default=Path(), metadata={"internal": True})
+    raw: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
+
+    def check(self) -> str | None:
+        problem = batch_problem(self.training, self.rollouts_per_step, self.n_gpus,
+                                "rollouts_per_step")  # fmt: skip
+        if problem:
+            return problem
+        if self.teacher_tau > 0 and (self.teacher_clip is None or self.teacher_clip <= 0):
+            return (
+                f"teacher_tau={self.teacher_tau} needs a positive teacher_clip, "
+                f"got {self.teacher_clip!r}"
+            )
+        return None
 
     @property
     def config_hash(self) -> str:
-        return config_hash(self.raw)
+        return profiles.config_hash(self.raw)
 
     @property
     def prompts_path(self) -> Path:
-        return (self.path.parent.parent / self.raw["prompts"]).resolve()
+        return (self.path.parent.parent / self.prompts).resolve()
 
     def grpo_config(self) -> dict[str, Any]:
-        config = {"eps_clip": self.raw.get("eps_clip", 0.2), "teacher_tau": self.raw["teacher_tau"]}
-        if self.raw["teacher_tau"] > 0:
-            config["teacher_clip"] = self.raw["teacher_clip"]
-            if self.raw.get("teacher_clip_negative") is not None:
-                config["teacher_clip_negative"] = self.raw["teacher_clip_negative"]
+        config: dict[str, Any] = {"eps_clip": self.eps_clip, "teacher_tau": self.teacher_tau}
+        if self.teacher_tau > 0:
+            config["teacher_clip"] = self.teacher_clip
+            if self.teacher_clip_negative is not None:
+                config["teacher_clip_negative"] = self.teacher_clip_negative
         return config
 
     def sub_jobs(self) -> list:
         """Student trainer, student sampler, frozen teacher -- the sampler before the teacher,
         because the SDK checks prompt lengths against the first inference_config it finds."""
-        from cortex_training import JobType, SubJobConfig
-
-        common = {
-            "max_seq_len": self.max_seq_len,
-            "n_gpus": self.raw.get("n_gpus", 1),
-            "dtype": self.raw.get("dtype", "float32"),
-            "seed": self.seed,
-        }
-        training = dict(self.raw.get("training") or {})
-        lora = training.get("peft_config")
-        return [
-            SubJobConfig.training_job(
-                self.student_model,
-                optimizer={"name": "AdamW", "lr": self.learning_rate, "weight_decay": 0.0},
-                train_batch_size=self.rollouts_per_step,
-                extra_training=training or None,
-                **common,
-            ),
-            SubJobConfig.sampling_job(
-                self.student_model, extra_sampling={"peft_config": lora} if lora else None, **common
-            ),
-            SubJobConfig.sampling_job(
-                self.teacher_model, job_type=JobType.LOG_PROBABILITY, **common
-            ),
-        ]
+        return journey_sub_jobs(
+            self.student_model,
+            max_seq_len=self.max_seq_len, n_gpus=self.n_gpus, dtype=self.dtype, seed=self.seed,
+            learning_rate=self.learning_rate, batch_size=self.rollouts_per_step,
+            training=self.training, teacher=self.teacher_model,
+        )  # fmt: skip
 
 
-def load_opd_profile(path: str | Path) -> OPDProfile:
+def load_opd_profile(path: str | Path, overrides: Sequence[str] = ()) -> OPDProfile:
+    """The typed profile in ``path``, with ``key=value`` ``overrides`` applied."""
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ProfileError(f"profile {path} cannot be read: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ProfileError(f"profile {path} must hold a JSON object")
-    unknown = sorted(set(raw) - _KEYS)
-    if unknown:
-        raise ProfileError(f"{path}: unknown keys {unknown}; accepted: {sorted(_KEYS)}")
-    for key in ("name", "student_model", "teacher_model", "prompts"):
-        if not isinstance(raw.get(key), str) or not raw[key]:
-            raise ProfileError(f"{path}: {key} is required and must be a string")
-    for key in ("max_seq_len", "rollouts_per_step", "max_tokens", "steps"):
-        value = raw.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ProfileError(f"{path}: {key}={value!r} must be a positive integer")
-    tau = raw.get("teacher_tau")
-    if isinstance(tau, bool) or not isinstance(tau, int | float) or tau < 0:
-        raise ProfileError(f"{path}: teacher_tau={tau!r} must be a number >= 0")
-    clip = raw.get("teacher_clip")
-    if tau > 0 and (isinstance(clip, bool) or not isinstance(clip, int | float) or clip <= 0):
-        raise ProfileError(f"{path}: teacher_tau={tau} needs a positive teacher_clip, got {clip!r}")
-    if raw.get("weight_format", "hf") not in ("hf", "lora"):
-        raise ProfileError(
-            f"{path}: weight_format={raw.get('weight_format')!r}; accepted: hf, lora"
-        )
-    return OPDProfile(path=path, raw=raw)
+    profile, raw = profiles.load(OPDProfile, path, overrides)
+    return replace(profile, path=path, raw=raw)

@@ -17,12 +17,7 @@ from dataclasses import dataclass
 import torch
 from cortex_training import wire
 
-from cortex_recipes.rollouts import (  # noqa: F401  (part of this module's interface)
-    Rollout,
-    completion_mask,
-    pad_rows,
-    sampler_logprobs_shifted,
-)
+from cortex_recipes.rollouts import Rollout, completion_mask, pad_rows
 
 
 class TeacherScoreError(RuntimeError):

@@ -143,6 +143,16 @@ def abridge(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
+def reject_unknown_keys(mapping: dict, accepted, where: str) -> None:
+    """A 400 naming the keys of ``mapping`` outside ``accepted`` and listing ``accepted``."""
+    unknown = set(mapping) - set(accepted)
+    if unknown:
+        raise BackendError(
+            f"{where} has unknown keys {sorted(map(str, unknown))}; "
+            f"accepted: {', '.join(sorted(accepted))}"
+        )
+
+
 def learning_rate(value: Any, where: str) -> float:
     """A learning rate in [0, MAX_LEARNING_RATE]."""
     return _finite(value, where, minimum=0.0, maximum=MAX_LEARNING_RATE)
@@ -165,11 +175,7 @@ def parse_optimizer(block: Any, where: str) -> OptimizerSpec:
             f"{where} has scheduler keys {sorted(scheduler)}; drive the learning rate per step "
             f"with step(learning_rate=...) instead"
         )
-    unknown = set(block) - _ADAMW_KEYS
-    if unknown:
-        raise BackendError(
-            f"{where} has unknown keys {sorted(unknown)}; accepted: {', '.join(sorted(_ADAMW_KEYS))}"
-        )
+    reject_unknown_keys(block, _ADAMW_KEYS, where)
     name = str(block.get("name") or block.get("type") or "AdamW")
     if name.lower() not in ("adamw", "adam_w"):
         raise BackendError(f"{where}.name={name!r}: the local backend implements only AdamW")
@@ -194,11 +200,7 @@ def parse_lora(block: Any, where: str) -> LoraSpec | None:
         return None
     if not isinstance(block, dict):
         raise BackendError(f"{where} must be an object")
-    unknown = set(block) - _LORA_KEYS
-    if unknown:
-        raise BackendError(
-            f"{where} has unknown keys {sorted(unknown)}; accepted: {', '.join(sorted(_LORA_KEYS))}"
-        )
+    reject_unknown_keys(block, _LORA_KEYS, where)
     if str(block.get("peft_type", "Lora")).lower() != "lora":
         raise BackendError(
             f"{where}.peft_type={block.get('peft_type')!r}: only 'Lora' is supported"

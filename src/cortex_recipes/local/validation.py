@@ -32,6 +32,7 @@ from cortex_recipes.local.specs import (
     MAX_SEED,
     abridge,
     learning_rate,
+    reject_unknown_keys,
 )
 
 # Nothing the SDK sends nests deeper than ~6 levels; 32 leaves room and stops stack abuse.
@@ -471,12 +472,7 @@ def validate_context(
         context = {}
     if not isinstance(context, dict):
         raise BackendError(f"context must be an object, got {type(context).__name__}")
-    unknown = set(context) - CONTEXT_TENSOR_KEYS
-    if unknown:
-        raise BackendError(
-            f"context has unknown keys {sorted(map(str, unknown))}; accepted: "
-            f"{', '.join(sorted(CONTEXT_TENSOR_KEYS))}"
-        )
+    reject_unknown_keys(context, CONTEXT_TENSOR_KEYS, "context")
     shape = tuple(input_ids.shape)
     for key, value in context.items():
         where = f"context.{key}"
@@ -562,21 +558,11 @@ def validate_model_frame(
     """Check a forward(-backward) frame; return its normalised processing block."""
     if not isinstance(frame, dict) or not isinstance(frame.get("kwargs"), dict):
         raise BackendError("frame must be an object with a kwargs object")
-    unknown_top = set(frame) - FRAME_KEYS
-    if unknown_top:
-        raise BackendError(
-            f"frame has unknown keys {sorted(map(str, unknown_top))}; "
-            f"accepted: {', '.join(sorted(FRAME_KEYS))}"
-        )
+    reject_unknown_keys(frame, FRAME_KEYS, "frame")
     if frame.get("args") not in (None, (), []):
         raise BackendError("frame.args must be empty; pass tensors as kwargs")
     kwargs = frame["kwargs"]
-    unknown = set(kwargs) - set(KWARG_KEYS)
-    if unknown:
-        raise BackendError(
-            f"kwargs has unknown keys {sorted(map(str, unknown))}; accepted: "
-            f"{', '.join(KWARG_KEYS)}"
-        )
+    reject_unknown_keys(kwargs, KWARG_KEYS, "kwargs")
     for flag in KWARG_IGNORED_FLAGS:
         if flag in kwargs:
             boolean(kwargs[flag], f"kwargs.{flag}")
@@ -682,12 +668,7 @@ def parse_sampling_params(
         return SamplingParams()
     if not isinstance(raw, dict):
         raise BackendError(f"{where} must be an object")
-    unknown = set(raw) - SAMPLING_KEYS
-    if unknown:
-        raise BackendError(
-            f"{where} has unknown keys {sorted(map(str, unknown))}; "
-            f"accepted: {', '.join(sorted(SAMPLING_KEYS))}"
-        )
+    reject_unknown_keys(raw, SAMPLING_KEYS, where)
     if raw.get("n", 1) != 1 or isinstance(raw.get("n", 1), bool):
         raise BackendError(
             f"{where}.n={abridge(raw.get('n'))}: send a prompt n times for n samples"
@@ -765,12 +746,7 @@ class GenerateRow:
 def validate_generate(frame: Any, *, max_seq_len: int, vocab: int | None) -> list[GenerateRow]:
     if not isinstance(frame, dict) or "prompts" not in frame:
         raise BackendError("generate frame must be an object with prompts")
-    unknown = set(frame) - GENERATE_KEYS
-    if unknown:
-        raise BackendError(
-            f"generate frame has unknown keys {sorted(map(str, unknown))}; "
-            f"accepted: {', '.join(sorted(GENERATE_KEYS))}"
-        )
+    reject_unknown_keys(frame, GENERATE_KEYS, "generate frame")
     prompts = frame["prompts"]
     if not isinstance(prompts, list) or not 0 < len(prompts) <= MAX_PROMPTS:
         raise BackendError(
@@ -828,12 +804,7 @@ def validate_generate(frame: Any, *, max_seq_len: int, vocab: int | None) -> lis
 
 
 def only_keys(body: dict[str, Any], accepted: tuple[str, ...], what: str) -> None:
-    unknown = set(body) - set(accepted)
-    if unknown:
-        raise BackendError(
-            f"{what} body has unknown keys {sorted(map(str, unknown))}; "
-            f"accepted: {', '.join(accepted)}"
-        )
+    reject_unknown_keys(body, accepted, f"{what} body")
 
 
 def step_learning_rate(body: dict[str, Any]) -> float | None:

@@ -20,7 +20,7 @@ from typing import Any
 from cortex_recipes.local.dispatch import Dispatcher, route, worker_result
 from cortex_recipes.local.errors import BackendError
 from cortex_recipes.local.registry import Job
-from cortex_recipes.local.specs import abridge
+from cortex_recipes.local.specs import abridge, reject_unknown_keys
 
 WEIGHT_FORMATS = ("vllm", "hf", "lora")
 PAYLOAD_KEYS = ("source_sub_job_id", "target_sub_job_ids", "weight_format")
@@ -52,12 +52,7 @@ def start_weight_sync(
 ) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise BackendError("weight-sync needs a payload object")
-    unknown = set(payload) - set(PAYLOAD_KEYS)
-    if unknown:
-        raise BackendError(
-            f"weight-sync payload has unknown keys {sorted(map(str, unknown))}; "
-            f"accepted: {', '.join(PAYLOAD_KEYS)}"
-        )
+    reject_unknown_keys(payload, PAYLOAD_KEYS, "weight-sync payload")
     source = payload.get("source_sub_job_id")
     targets = payload.get("target_sub_job_ids")
     weight_format = payload.get("weight_format") or "vllm"

@@ -32,13 +32,12 @@ GRPO_DEFAULTS = {"eps_clip": 0.2, "loss_agg_mode": "token-mean"}
 
 @dataclass
 class ScoredGroup:
-    """One prompt's rollouts and rewards, with the policy span they were sampled under."""
+    """One prompt's rollouts and rewards (the policy versions they were sampled under are the
+    orchestrator's ``Group.policy_start``/``policy_end``, its one owner)."""
 
     task_index: int
     rollouts: list[Rollout]
     rewards: list[float]
-    policy_start: int = 0
-    policy_end: int = 0
 
     @property
     def advantages(self) -> list[float]:

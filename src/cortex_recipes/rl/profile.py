@@ -2,192 +2,221 @@
 
 Field names follow prime-rl where it has one (``batch_size`` = rollouts per step,
 ``group_size``, ``max_steps``, ``max_async_level``, ``max_off_policy_steps``,
-``ckpt.interval``, ``eval.interval``); docs/async-grpo.md maps them one by one.
+``ckpt.interval``, ``eval.interval``); docs/async-grpo.md maps them one by one. The typed
+layer is :mod:`cortex_recipes.profiles`; ``trainer.learning_rate=1e-4`` and the like
+override any field from the command line.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cortex_recipes.qualify import config_hash
+from cortex_recipes import profiles
+from cortex_recipes.profiles import ProfileError, setting
 from cortex_recipes.rl.policy_lag import LagConfig, LagConfigError
-from cortex_recipes.sft import ProfileError
-from cortex_recipes.sub_jobs import trainer_and_sampler
+from cortex_recipes.sub_jobs import batch_problem, journey_sub_jobs
 
-_TOP = {
-    "name", "description", "model", "max_seq_len", "dtype", "n_gpus", "seed", "max_steps",
-    "trainer", "weight_format", "orchestrator", "env", "eval", "ckpt",
-}  # fmt: skip
-_TRAINER = {"learning_rate", "training", "loss"}
-_ORCHESTRATOR = {
-    "batch_size", "group_size", "max_async_level", "max_off_policy_steps",
-    "max_inflight_groups", "sampling",
-}  # fmt: skip
-_ASYNC = {"max_async_level", "max_off_policy_steps", "max_inflight_groups"}
-_SAMPLING = {"temperature", "max_tokens", "top_p"}
-_ENV = {"dataset", "seed", "size", "config", "instruction", "latency_s"}
-_EVAL = {"interval", "num_examples", "seed", "max_tokens"}
-_CKPT = {"interval"}
-_LOSS = {"eps_clip", "eps_clip_higher", "loss_agg_mode", "entropy_coeff"}
+WEIGHT_FORMATS = ("hf", "lora")
+
+
+@dataclass(frozen=True)
+class Loss:
+    """The ``grpo`` processor's settings; only those set are sent."""
+
+    eps_clip: float | None = setting(None, ge=0, doc="PPO ratio clip (lower side)")
+    eps_clip_higher: float | None = setting(None, ge=0, doc="PPO ratio clip (upper side)")
+    loss_agg_mode: str | None = setting(
+        None, doc="how token losses are averaged (token-mean, ...; the server checks it)"
+    )
+    entropy_coeff: float | None = setting(None, doc="entropy bonus weight")
+
+    def as_config(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """The training sub-job."""
+
+    learning_rate: float = setting(gt=0, doc="AdamW learning rate")
+    training: dict[str, Any] = setting(
+        default_factory=dict, doc="passed through to training_config (peft_config, ...)"
+    )
+    loss: Loss = setting(default_factory=Loss, doc="the grpo processor's settings")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Rollout sampling parameters."""
+
+    max_tokens: int = setting(gt=0, doc="new tokens per rollout")
+    temperature: float = setting(1.0, ge=0, doc="sampling temperature")
+    top_p: float = setting(1.0, gt=0, doc="nucleus sampling mass")
+
+
+@dataclass(frozen=True)
+class Orchestrator:
+    """Rollouts per step and, for the async journey, how far sampling may run ahead."""
+
+    batch_size: int = setting(
+        gt=0, doc="rollouts per optimiser step, all groups and GPUs together (the global batch)"
+    )
+    group_size: int = setting(ge=2, doc="rollouts per problem (group-relative advantages)")
+    sampling: Sampling = setting(doc="sampling parameters")
+    max_async_level: int | None = setting(
+        None, ge=0, doc="async only: how many policy versions sampling may run ahead"
+    )
+    max_off_policy_steps: int | None = setting(
+        None, ge=0, doc="async only: drop rollouts older than this many versions"
+    )
+    max_inflight_groups: int | None = setting(
+        None, ge=1, doc="async only: groups in flight (default 2 x groups per step)"
+    )
+
+    def check(self) -> str | None:
+        if self.batch_size % self.group_size:
+            return (
+                f"batch_size={self.batch_size} must be a multiple of "
+                f"orchestrator.group_size={self.group_size}"
+            )
+        present = [
+            k for k in ("max_async_level", "max_off_policy_steps", "max_inflight_groups")
+            if getattr(self, k) is not None
+        ]  # fmt: skip
+        if present and not {"max_async_level", "max_off_policy_steps"} <= set(present):
+            return (
+                "an asynchronous profile sets both max_async_level and max_off_policy_steps; "
+                f"got only {present}"
+            )
+        return None
+
+
+@dataclass(frozen=True)
+class Env:
+    """The reasoning-gym training environment."""
+
+    dataset: str = setting(doc="the reasoning-gym dataset name, e.g. basic_arithmetic")
+    seed: int = setting(doc="the generator's seed")
+    size: int = setting(gt=0, doc="problems in the training set")
+    config: dict[str, Any] | None = setting(None, doc="the dataset's generator settings")
+    instruction: str | None = setting(None, doc="appended to every question")
+    latency_s: float = setting(0.0, ge=0, doc="a simulated slow verifier, seconds per group")
+
+
+@dataclass(frozen=True)
+class Eval:
+    """Greedy evaluation on a fixed problem set."""
+
+    interval: int = setting(5, ge=1, doc="evaluate every this many steps (and after the last)")
+    num_examples: int = setting(32, gt=0, doc="problems in the eval set")
+    seed: int = setting(12345, doc="the eval set's generator seed")
+    max_tokens: int | None = setting(None, gt=0, doc="default: orchestrator.sampling.max_tokens")
+
+
+@dataclass(frozen=True)
+class Ckpt:
+    """Resumable checkpoints."""
+
+    interval: int = setting(1, ge=1, doc="a resumable save every this many steps")
 
 
 @dataclass(frozen=True)
 class GRPOProfile:
-    path: Path
-    raw: dict[str, Any]
+    """A GRPO profile (recipes/rl/*/configs/*.json)."""
 
-    @property
-    def name(self) -> str:
-        return self.raw["name"]
+    name: str = setting(doc="the profile name (the file's stem)")
+    model: str = setting(doc="a fixture name, a hub name or a local model directory")
+    max_seq_len: int = setting(gt=0, doc="prompt + completion tokens per rollout")
+    max_steps: int = setting(gt=0, doc="optimiser steps")
+    trainer: Trainer = setting(doc="the training sub-job")
+    orchestrator: Orchestrator = setting(doc="rollouts per step and the policy-lag bounds")
+    env: Env = setting(doc="the training environment")
+    description: str = setting("", doc="what the profile is for")
+    dtype: str = setting("float32", doc="model dtype of the sub-jobs")
+    n_gpus: int = setting(1, ge=1, doc="GPUs per sub-job (hosted semantics)")
+    seed: int = setting(0, doc="seed of the rollouts and of the sub-jobs")
+    weight_format: str = setting("hf", choices=WEIGHT_FORMATS, doc="weight sync format")
+    eval: Eval = setting(default_factory=Eval, doc="greedy evaluation")
+    ckpt: Ckpt | None = setting(None, doc="resumable checkpoints")
+    path: Path = field(default=Path(), metadata={"internal": True})
+    raw: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
+
+    def check(self) -> str | None:
+        if self.weight_format == "lora" and not self.trainer.training.get("peft_config"):
+            return "weight_format='lora' needs trainer.training.peft_config"
+        problem = batch_problem(
+            self.trainer.training, self.orchestrator.batch_size, self.n_gpus,
+            "orchestrator.batch_size",
+        )  # fmt: skip
+        return problem and problem.replace("training.ds_config", "trainer.training.ds_config")
 
     @property
     def config_hash(self) -> str:
-        return config_hash(self.raw)
-
-    @property
-    def orchestrator(self) -> dict[str, Any]:
-        return self.raw["orchestrator"]
+        return profiles.config_hash(self.raw)
 
     @property
     def group_size(self) -> int:
-        return self.orchestrator["group_size"]
+        return self.orchestrator.group_size
 
     @property
     def groups_per_step(self) -> int:
-        return self.orchestrator["batch_size"] // self.group_size
+        return self.orchestrator.batch_size // self.group_size
 
     @property
     def is_async(self) -> bool:
-        return "max_async_level" in self.orchestrator
+        return self.orchestrator.max_async_level is not None
+
+    @property
+    def eval_max_tokens(self) -> int:
+        return self.eval.max_tokens or self.orchestrator.sampling.max_tokens
 
     def lag_config(self) -> LagConfig:
         o = self.orchestrator
         return LagConfig(
             groups_per_step=self.groups_per_step,
-            max_async_level=o["max_async_level"],
-            max_off_policy_steps=o["max_off_policy_steps"],
-            max_inflight_groups=o.get("max_inflight_groups", 2 * self.groups_per_step),
+            max_async_level=o.max_async_level,
+            max_off_policy_steps=o.max_off_policy_steps,
+            max_inflight_groups=o.max_inflight_groups or 2 * self.groups_per_step,
         )
 
     def sampling_params(self) -> dict[str, Any]:
-        s = self.orchestrator["sampling"]
-        return {
-            "max_tokens": s["max_tokens"],
-            "temperature": s.get("temperature", 1.0),
-            "top_p": s.get("top_p", 1.0),
-        }
+        s = self.orchestrator.sampling
+        return {"max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p}
 
     def envs(self):
         """The training environment and the fixed eval set (same generator, the eval seed)."""
         from cortex_recipes.envs.math import MathEnv
 
-        env_cfg, eval_cfg = self.raw["env"], self.raw.get("eval", {})
-        extra = {"config": env_cfg.get("config")}
-        if "instruction" in env_cfg:
-            extra["instruction"] = env_cfg["instruction"]
-        env = MathEnv(env_cfg["dataset"], seed=env_cfg["seed"], size=env_cfg["size"], **extra)
+        extra: dict[str, Any] = {"config": self.env.config}
+        if self.env.instruction is not None:
+            extra["instruction"] = self.env.instruction
+        env = MathEnv(self.env.dataset, seed=self.env.seed, size=self.env.size, **extra)
         eval_env = MathEnv(
-            env_cfg["dataset"],
-            seed=eval_cfg.get("seed", 12345),
-            size=eval_cfg.get("num_examples", 32),
-            **extra,
+            self.env.dataset, seed=self.eval.seed, size=self.eval.num_examples, **extra
         )
         return env, eval_env
 
     def loss_config(self) -> dict[str, Any]:
-        return dict(self.raw["trainer"].get("loss") or {})
+        return self.trainer.loss.as_config()
 
     def sub_jobs(self) -> list:
         """Trainer and sampler on the same model (the sampler gets any LoRA shape)."""
-        trainer = self.raw["trainer"]
-        return trainer_and_sampler(
-            self.raw,
-            model=self.raw["model"],
-            learning_rate=trainer["learning_rate"],
-            batch_size=self.orchestrator["batch_size"],
-            training=trainer.get("training"),
-        )
+        return journey_sub_jobs(
+            self.model,
+            max_seq_len=self.max_seq_len, n_gpus=self.n_gpus, dtype=self.dtype, seed=self.seed,
+            learning_rate=self.trainer.learning_rate, batch_size=self.orchestrator.batch_size,
+            training=self.trainer.training,
+        )  # fmt: skip
 
 
-def _check_keys(path: Path, where: str, value: Any, allowed: set[str], required=()) -> dict:
-    if not isinstance(value, dict):
-        raise ProfileError(f"{path}: {where} must be an object, got {value!r}")
-    unknown = sorted(set(value) - allowed)
-    if unknown:
-        raise ProfileError(
-            f"{path}: {where} has unknown keys {unknown}; accepted: {sorted(allowed)}"
-        )
-    missing = [k for k in required if k not in value]
-    if missing:
-        raise ProfileError(f"{path}: {where} is missing {missing}")
-    return value
-
-
-def _positive_int(path: Path, where: str, value: Any, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ProfileError(f"{path}: {where}={value!r} must be an integer >= {minimum}")
-
-
-def load_grpo_profile(path: str | Path) -> GRPOProfile:
+def load_grpo_profile(path: str | Path, overrides: Sequence[str] = ()) -> GRPOProfile:
+    """The typed profile in ``path``, with ``key=value`` ``overrides`` applied."""
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ProfileError(f"profile {path} cannot be read: {exc}") from exc
-    _check_keys(path, "profile", raw, _TOP, ("name", "model", "max_seq_len", "max_steps"))
-    _check_keys(path, "trainer", raw.get("trainer"), _TRAINER, ("learning_rate",))
-    orch = _check_keys(
-        path, "orchestrator", raw.get("orchestrator"), _ORCHESTRATOR, ("batch_size", "group_size")
-    )
-    _check_keys(path, "orchestrator.sampling", orch.get("sampling"), _SAMPLING, ("max_tokens",))
-    env = _check_keys(path, "env", raw.get("env"), _ENV, ("dataset", "seed", "size"))
-    _check_keys(path, "eval", raw.get("eval", {}), _EVAL)
-    _check_keys(path, "ckpt", raw.get("ckpt", {}), _CKPT)
-    _check_keys(path, "trainer.loss", raw["trainer"].get("loss", {}), _LOSS)
-    for where, value in (
-        ("max_seq_len", raw["max_seq_len"]),
-        ("max_steps", raw["max_steps"]),
-        ("orchestrator.batch_size", orch["batch_size"]),
-        ("orchestrator.group_size", orch["group_size"]),
-        ("orchestrator.sampling.max_tokens", orch["sampling"]["max_tokens"]),
-        ("env.size", env["size"]),
-    ):
-        _positive_int(path, where, value)
-    if orch["group_size"] < 2:
-        raise ProfileError(
-            f"{path}: orchestrator.group_size={orch['group_size']} must be >= 2: "
-            "group-relative advantages of a single rollout are always zero"
-        )
-    if orch["batch_size"] % orch["group_size"]:
-        raise ProfileError(
-            f"{path}: orchestrator.batch_size={orch['batch_size']} must be a multiple of "
-            f"orchestrator.group_size={orch['group_size']}"
-        )
-    latency = env.get("latency_s", 0.0)
-    if isinstance(latency, bool) or not isinstance(latency, int | float) or latency < 0:
-        raise ProfileError(f"{path}: env.latency_s={latency!r} must be a number >= 0")
-    for where, value in (
-        ("eval.interval", raw.get("eval", {}).get("interval", 1)),
-        ("ckpt.interval", raw.get("ckpt", {}).get("interval", 1)),
-    ):
-        _positive_int(path, where, value)
-    if raw.get("weight_format", "hf") not in ("hf", "lora"):
-        raise ProfileError(
-            f"{path}: weight_format={raw.get('weight_format')!r}; accepted: hf, lora"
-        )
-    lora = (raw["trainer"].get("training") or {}).get("peft_config")
-    if raw.get("weight_format") == "lora" and not lora:
-        raise ProfileError(f"{path}: weight_format='lora' needs trainer.training.peft_config")
-    present = _ASYNC & set(orch)
-    if present and not {"max_async_level", "max_off_policy_steps"} <= present:
-        raise ProfileError(
-            f"{path}: an asynchronous profile sets both orchestrator.max_async_level and "
-            f"orchestrator.max_off_policy_steps; got only {sorted(present)}"
-        )
-    profile = GRPOProfile(path=path, raw=raw)
+    profile, raw = profiles.load(GRPOProfile, path, overrides)
+    profile = replace(profile, path=path, raw=raw)
     if profile.is_async:
         try:
             profile.lag_config()

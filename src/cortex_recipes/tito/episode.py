@@ -58,10 +58,6 @@ class Episode:
     def tool_turns(self) -> int:
         return sum(1 for t in self.turns if t.tool_calls)
 
-    @property
-    def sampled_tokens(self) -> int:
-        return sum(self.sampled_mask)
-
 
 def new_trace(task) -> vf.Trace:
     return vf.Trace(

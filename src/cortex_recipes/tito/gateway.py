@@ -161,11 +161,9 @@ def create_gateway_app(
     return app
 
 
-def sdk_generate(
-    client, job_id: str, sampler: str | None = None
-) -> Callable[[list[int], dict], dict]:
-    """``generate`` for the gateway: the SDK's token-id generate on the job's sampler."""
-    del sampler  # the SDK routes generate to the job's sampling sub-job
+def sdk_generate(client, job_id: str) -> Callable[[list[int], dict], dict]:
+    """``generate`` for the gateway: the SDK's token-id generate, which the SDK routes to the
+    job's sampling sub-job."""
 
     def generate(prompt_ids: list[int], params: dict) -> dict:
         request_id = client.generate(job_id, [list(prompt_ids)], params)

@@ -1,114 +1,105 @@
-"""TITO journey profiles (checked-in JSON): model, renderer, warm-start SFT, RL, budgets."""
+"""TITO journey profiles (checked-in JSON): model, renderer, warm-start SFT, RL, budgets.
+
+Typed by :mod:`cortex_recipes.profiles`; ``rl.steps=2`` and the like override any field.
+"""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cortex_recipes.qualify import config_hash
-from cortex_recipes.sft import ProfileError
-from cortex_recipes.sub_jobs import trainer_and_sampler
+from cortex_recipes import profiles
+from cortex_recipes.profiles import setting
+from cortex_recipes.sub_jobs import batch_problem, journey_sub_jobs
 
-_TOP = {
-    "name", "description", "model", "renderer", "max_seq_len", "dtype", "n_gpus", "seed",
-    "training", "warm_start", "rl", "eval", "ckpt",
-}  # fmt: skip
-_WARM = {"steps", "batch_size", "learning_rate"}
-_RL = {
-    "steps", "learning_rate", "tasks_per_step", "group_size", "max_turns", "max_tokens",
-    "temperature", "eps_clip",
-}  # fmt: skip
-_EVAL = {"max_tokens"}
-_CKPT = {"interval"}
+# A renderer with a token-exact bridge between turns; chat-template rendering cannot
+# guarantee token extension.
 RENDERERS = ("qwen3",)
 
 
 @dataclass(frozen=True)
-class TitoProfile:
-    path: Path
-    raw: dict[str, Any]
+class WarmStart:
+    """SFT on tool-use demonstrations before RL."""
 
-    @property
-    def name(self) -> str:
-        return self.raw["name"]
+    steps: int = setting(ge=0, doc="SFT steps (0: none)")
+    batch_size: int = setting(
+        gt=0, doc="demonstrations per step, across all GPUs (the global batch)"
+    )
+    learning_rate: float = setting(gt=0, doc="AdamW learning rate of the warm start")
+
+
+@dataclass(frozen=True)
+class RL:
+    """The RL phase: episodes through the gateway, action-masked grpo."""
+
+    steps: int = setting(gt=0, doc="RL steps")
+    learning_rate: float = setting(gt=0, doc="learning rate of the RL steps")
+    tasks_per_step: int = setting(gt=0, doc="tasks per step")
+    group_size: int = setting(ge=2, doc="episodes per task (group-relative advantages)")
+    max_turns: int = setting(ge=2, doc="model turns per episode (a call turn and an answer)")
+    max_tokens: int = setting(gt=0, doc="new tokens per model turn")
+    temperature: float = setting(ge=0, doc="sampling temperature of the episodes")
+    eps_clip: float = setting(0.2, ge=0, doc="PPO ratio clip")
+
+
+@dataclass(frozen=True)
+class Eval:
+    """Greedy evaluation."""
+
+    max_tokens: int | None = setting(None, gt=0, doc="new tokens per greedy turn")
+
+
+@dataclass(frozen=True)
+class Ckpt:
+    """Resumable checkpoints."""
+
+    interval: int = setting(1, ge=1, doc="a resumable save every this many RL steps")
+
+
+@dataclass(frozen=True)
+class TitoProfile:
+    """A TITO profile (recipes/agentic/tito/configs/*.json)."""
+
+    name: str = setting(doc="the profile name (the file's stem)")
+    model: str = setting(doc="a fixture name, a hub name or a local model directory")
+    renderer: str = setting(choices=RENDERERS, doc="a renderer with a token-exact bridge")
+    max_seq_len: int = setting(gt=0, doc="tokens per episode")
+    warm_start: WarmStart = setting(doc="SFT on demonstrations before RL")
+    rl: RL = setting(doc="the RL phase")
+    description: str = setting("", doc="what the profile is for")
+    dtype: str = setting("float32", doc="model dtype of the sub-jobs")
+    n_gpus: int = setting(1, ge=1, doc="GPUs per sub-job (hosted semantics)")
+    seed: int = setting(0, doc="seed of the tasks, the demonstrations and the sub-jobs")
+    training: dict[str, Any] = setting(
+        default_factory=dict, doc="passed through to training_config (peft_config, ...)"
+    )
+    eval: Eval = setting(default_factory=Eval, doc="greedy evaluation")
+    ckpt: Ckpt = setting(default_factory=Ckpt, doc="resumable checkpoints")
+    path: Path = field(default=Path(), metadata={"internal": True})
+    raw: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
+
+    def check(self) -> str | None:
+        return batch_problem(
+            self.training, self.warm_start.batch_size, self.n_gpus, "warm_start.batch_size"
+        )
 
     @property
     def config_hash(self) -> str:
-        return config_hash(self.raw)
-
-    @property
-    def warm(self) -> dict[str, Any]:
-        return self.raw["warm_start"]
-
-    @property
-    def rl(self) -> dict[str, Any]:
-        return self.raw["rl"]
+        return profiles.config_hash(self.raw)
 
     def sub_jobs(self) -> list:
-        return trainer_and_sampler(
-            self.raw,
-            model=self.raw["model"],
-            learning_rate=self.warm["learning_rate"],
-            batch_size=self.warm["batch_size"],
-            training=self.raw.get("training"),
-        )
+        return journey_sub_jobs(
+            self.model,
+            max_seq_len=self.max_seq_len, n_gpus=self.n_gpus, dtype=self.dtype, seed=self.seed,
+            learning_rate=self.warm_start.learning_rate, batch_size=self.warm_start.batch_size,
+            training=self.training,
+        )  # fmt: skip
 
 
-def _obj(path: Path, where: str, value: Any, allowed: set[str], required: set[str]) -> dict:
-    if not isinstance(value, dict):
-        raise ProfileError(f"{path}: {where} must be an object, got {value!r}")
-    unknown = sorted(set(value) - allowed)
-    if unknown:
-        raise ProfileError(
-            f"{path}: {where} has unknown keys {unknown}; accepted: {sorted(allowed)}"
-        )
-    missing = sorted(required - set(value))
-    if missing:
-        raise ProfileError(f"{path}: {where} is missing {missing}")
-    return value
-
-
-def _positive(path: Path, where: str, value: Any, kind=int) -> None:
-    ok = not isinstance(value, bool) and isinstance(value, int if kind is int else int | float)
-    if not ok or value <= 0:
-        raise ProfileError(f"{path}: {where}={value!r} must be a positive {kind.__name__}")
-
-
-def load_tito_profile(path: str | Path) -> TitoProfile:
+def load_tito_profile(path: str | Path, overrides: Sequence[str] = ()) -> TitoProfile:
+    """The typed profile in ``path``, with ``key=value`` ``overrides`` applied."""
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ProfileError(f"profile {path} cannot be read: {exc}") from exc
-    _obj(
-        path, "profile", raw, _TOP, {"name", "model", "renderer", "max_seq_len", "warm_start", "rl"}
-    )
-    if raw["renderer"] not in RENDERERS:
-        raise ProfileError(
-            f"{path}: renderer={raw['renderer']!r}; accepted: {', '.join(RENDERERS)} (a renderer "
-            "with a token-exact bridge between turns; chat-template rendering cannot guarantee "
-            "token extension)"
-        )
-    warm = _obj(path, "warm_start", raw["warm_start"], _WARM, _WARM)
-    rl = _obj(path, "rl", raw["rl"], _RL, _RL - {"eps_clip"})
-    _obj(path, "eval", raw.get("eval", {}), _EVAL, set())
-    _obj(path, "ckpt", raw.get("ckpt", {}), _CKPT, set())
-    _positive(path, "max_seq_len", raw["max_seq_len"])
-    _positive(path, "warm_start.batch_size", warm["batch_size"])
-    _positive(path, "warm_start.learning_rate", warm["learning_rate"], float)
-    if isinstance(warm["steps"], bool) or not isinstance(warm["steps"], int) or warm["steps"] < 0:
-        raise ProfileError(f"{path}: warm_start.steps={warm['steps']!r} must be an integer >= 0")
-    for key in ("steps", "tasks_per_step", "group_size", "max_turns", "max_tokens"):
-        _positive(path, f"rl.{key}", rl[key])
-    _positive(path, "rl.learning_rate", rl["learning_rate"], float)
-    if rl["max_turns"] < 2:
-        raise ProfileError(
-            f"{path}: rl.max_turns={rl['max_turns']} must be >= 2: a tool episode needs a call "
-            "turn and an answer turn"
-        )
-    if rl["group_size"] < 2:
-        raise ProfileError(f"{path}: rl.group_size={rl['group_size']} must be >= 2")
-    _positive(path, "ckpt.interval", raw.get("ckpt", {}).get("interval", 1))
-    return TitoProfile(path=path, raw=raw)
+    profile, raw = profiles.load(TitoProfile, path, overrides)
+    return replace(profile, path=path, raw=raw)

@@ -1,0 +1,458 @@
+"""One run lifecycle for every journey: run directory, resume, connection, jobs, train step, save.
+
+A run lives in ``runs/<journey>/<run name>/`` (the run name defaults to the profile name;
+``log_path=`` names any other folder) and keeps everything after it ends:
+
+- ``config.json``: the journey config, the profile, its ``config_hash``, the code revision;
+- ``metrics.jsonl``: one JSON object a step; ``checkpoints.jsonl``: one per save;
+- ``checkpoints/step_N/state.json``: what resume needs, naming the trainer checkpoint saved at
+  the same step (written atomically: temp file, fsync, rename; a step folder without the file
+  is incomplete and ignored);
+- ``summary.json``: written when the run finishes;
+- ``backend/``: the local backend's state (trainer checkpoints, worker and server logs) when
+  the connection is ``local``.
+
+Invariants this module keeps:
+
+- An existing run is deleted only with ``if_exists=overwrite``. ``fail`` refuses to touch it.
+  ``resume`` (the default) continues after its newest checkpoint, and only when that
+  checkpoint was written with a profile of the same hash; a finished run is returned as it
+  is; an unfinished run with no checkpoint is refused rather than started over.
+- A resumed run keeps the records of the steps up to its checkpoint and drops later ones, so
+  every step appears exactly once.
+- Every job a run creates is cancelled when the connection closes, on failure too.
+- An SDK call that fails with an HTTP error raises :class:`CortexCallError` naming the
+  operation, the sub-job and the server's own ``message`` and ``code``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from cortex_recipes.qualify import git_revision
+
+log = logging.getLogger(__name__)
+
+IF_EXISTS = ("resume", "overwrite", "fail")
+RUNS_ROOT = Path("runs")
+STATE_FILE = "state.json"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+_RECORDS = ("config.json", "metrics.jsonl", "checkpoints.jsonl", "summary.json")
+
+
+class CheckpointError(RuntimeError):
+    """A run that cannot be started or resumed as asked; the message names the file and field."""
+
+
+class CortexCallError(RuntimeError):
+    """An SDK call the server refused: the operation, the sub-job and the server's message."""
+
+    def __init__(
+        self, operation: str, sub_job: str | None, status: int | None, code: Any, message: str
+    ):
+        self.operation, self.sub_job = operation, sub_job
+        self.status, self.code, self.message = status, code, message
+        where = f" on sub-job {sub_job}" if sub_job else ""
+        super().__init__(f"{operation}{where} failed: HTTP {status} (code {code}): {message}")
+
+
+# -- the checkpoint store -------------------------------------------------------------------
+
+
+def _write_json_atomic(path: Path, data: Any, *, fsync: bool = False) -> None:
+    tmp = path.parent / f".{path.name}.tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class RunCheckpoints:
+    """``<run>/checkpoints/step_N/state.json``: the resume state of each saved step."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def steps(self) -> list[int]:
+        if not self.root.is_dir():
+            return []
+        found = []
+        for child in self.root.iterdir():
+            match = _STEP_DIR.match(child.name)
+            if match and (child / STATE_FILE).is_file():
+                found.append(int(match.group(1)))
+        return sorted(found)
+
+    def save(self, step: int, state: dict[str, Any]) -> Path:
+        directory = self.root / f"step_{step}"
+        directory.mkdir(parents=True, exist_ok=True)
+        _write_json_atomic(directory / STATE_FILE, {**state, "step": step}, fsync=True)
+        return directory / STATE_FILE
+
+    def load(self, step: int) -> dict[str, Any]:
+        path = self.root / f"step_{step}" / STATE_FILE
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{path} cannot be read: {exc}") from exc
+        if not isinstance(state, dict) or state.get("step") != step:
+            raise CheckpointError(f"{path}: step={state.get('step')!r} does not match its folder")
+        trainer = state.get("trainer")
+        if not isinstance(trainer, dict) or not all(
+            isinstance(trainer.get(k), str) and trainer[k] for k in ("job_id", "checkpoint_id")
+        ):
+            raise CheckpointError(f"{path}: trainer={trainer!r} must name job_id and checkpoint_id")
+        return state
+
+    def latest(self) -> dict[str, Any] | None:
+        steps = self.steps()
+        return self.load(steps[-1]) if steps else None
+
+    def clear(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+# -- the run directory ----------------------------------------------------------------------
+
+
+class Run:
+    """An open run directory. Use :func:`open_run`; journeys never build paths themselves."""
+
+    def __init__(self, path: Path, *, config_hash: str, resume: dict[str, Any] | None):
+        self.path = Path(path)
+        self.config_hash = config_hash
+        self.checkpoints = RunCheckpoints(self.path / "checkpoints")
+        #: the newest checkpoint's state when this run resumes, else None
+        self.resume = resume
+        self.resumed_from_step: int | None = resume["step"] if resume else None
+        self.finished: dict[str, Any] | None = None
+
+    @property
+    def backend_dir(self) -> Path:
+        return self.path / "backend"
+
+    def _append(self, name: str, record: dict[str, Any]) -> None:
+        with open(self.path / name, "a") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+
+    def metrics(self, **record: Any) -> None:
+        self._append("metrics.jsonl", record)
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        path = self.path / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def checkpoint(self, **record: Any) -> None:
+        self._append("checkpoints.jsonl", {**record, "time": time.time()})
+
+    def summary(self, data: dict[str, Any]) -> dict[str, Any]:
+        data = {**data, "run_dir": str(self.path), "git_revision": git_revision()}
+        _write_json_atomic(self.path / "summary.json", data)
+        return data
+
+    def reload_resume(self) -> dict[str, Any] | None:
+        """Make the newest checkpoint the resume point (again: after a reconnect too) and drop
+        the records of later steps."""
+        latest = self.checkpoints.latest()
+        if latest is not None:
+            for name in ("metrics.jsonl", "checkpoints.jsonl"):
+                self._truncate(name, latest["step"])
+            (self.path / "summary.json").unlink(missing_ok=True)
+        self.resume = latest
+        self.resumed_from_step = latest["step"] if latest else None
+        return latest
+
+    def _truncate(self, name: str, step: int) -> None:
+        path = self.path / name
+        if not path.exists():
+            return
+        kept = [
+            line
+            for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= step
+        ]
+        tmp = self.path / f".{name}.tmp"
+        tmp.write_text("".join(f"{line}\n" for line in kept))
+        os.replace(tmp, path)
+
+    @contextmanager
+    def connect(
+        self, connection: str, *, client_options: dict[str, Any] | None = None
+    ) -> Iterator[Any]:
+        """A client whose errors name the server's message, and whose jobs are cancelled when
+        the block ends, however it ends. A local backend keeps its state in ``backend/``."""
+        from cortex_recipes.endpoint import LOCAL, connect
+
+        state_dir = self.backend_dir if connection == LOCAL else None
+        with connect(connection, state_dir=state_dir, client_options=client_options) as client:
+            explained = ExplainedClient(client)
+            try:
+                yield explained
+            finally:
+                explained.cancel_open_jobs()
+
+
+def open_run(
+    journey: str,
+    profile: Any,
+    config: Any,
+    *,
+    log_path: str = "",
+    run_name: str = "",
+    if_exists: str = "resume",
+) -> Run:
+    """Open ``runs/<journey>/<run_name or profile name>`` (or ``log_path``) as ``if_exists`` says.
+
+    ``profile`` has ``name``, ``config_hash`` and ``raw``; ``config`` is the journey's chz
+    config, recorded in ``config.json``. The returned run's ``finished`` holds the stored
+    summary when a finished run is resumed (nothing left to do), and ``resume`` the newest
+    checkpoint state when an unfinished one is.
+    """
+    import chz
+
+    if if_exists not in IF_EXISTS:
+        raise CheckpointError(f"if_exists={if_exists!r}; accepted: {', '.join(IF_EXISTS)}")
+    path = Path(log_path) if log_path else RUNS_ROOT / journey / (run_name or profile.name)
+    checkpoints = RunCheckpoints(path / "checkpoints")
+    existing = [name for name in _RECORDS if (path / name).exists()] + (
+        [f"checkpoints up to step {checkpoints.steps()[-1]}"] if checkpoints.steps() else []
+    )
+    if existing and if_exists == "fail":
+        raise CheckpointError(
+            f"{path} already holds a run ({', '.join(existing)}); pass if_exists=resume to "
+            "continue it, if_exists=overwrite to start again, or another run_name"
+        )
+    if existing and if_exists == "overwrite":
+        log.info("if_exists=overwrite: removing the run in %s", path)
+        for name in _RECORDS:
+            (path / name).unlink(missing_ok=True)
+        checkpoints.clear()
+        shutil.rmtree(path / "backend", ignore_errors=True)
+    recorded = _recorded_hash(path)
+    latest = checkpoints.latest()
+    for source, value in (("checkpoints/step_N", latest and latest.get("config_hash")),
+                          ("config.json", recorded)):  # fmt: skip
+        if value is not None and value != profile.config_hash:
+            raise CheckpointError(
+                f"{path}/{source}: written with profile hash {value}, this run's profile "
+                f"hashes to {profile.config_hash}; resume with the same profile, pass "
+                "if_exists=overwrite or another run_name"
+            )
+    path.mkdir(parents=True, exist_ok=True)
+    run = Run(path, config_hash=profile.config_hash, resume=latest)
+    summary_path = path / "summary.json"
+    last_step = max((m.get("step", 0) for m in run.read_metrics()), default=0)
+    if summary_path.exists() and (latest is None or latest["step"] < last_step):
+        # Finished, and its newest checkpoint (if any) is not its end: nothing to resume.
+        run.finished = json.loads(summary_path.read_text())
+        log.info("%s is a finished run; returning its summary (if_exists=resume)", path)
+        return run
+    if latest is None and last_step:
+        raise CheckpointError(
+            f"{path} holds an unfinished run (metrics up to step {last_step}) with no "
+            "checkpoint to resume from; pass if_exists=overwrite to start it again, or "
+            "another run_name"
+        )
+    run.reload_resume()
+    _write_json_atomic(
+        path / "config.json",
+        {
+            "journey": journey,
+            "config": chz.asdict(config) if chz.is_chz(config) else config,
+            "profile": profile.raw,
+            "config_hash": profile.config_hash,
+            "git_revision": git_revision(),
+            "resumed_from_step": run.resumed_from_step,
+        },
+    )
+    return run
+
+
+def _recorded_hash(path: Path) -> str | None:
+    try:
+        return json.loads((path / "config.json").read_text()).get("config_hash")
+    except (OSError, ValueError):
+        return None
+
+
+# -- SDK calls with the server's message -----------------------------------------------------
+
+# Which sub-job type an operation runs on, when the call does not name one.
+_OPERATION_SUB_JOB = {
+    "forward_backward": "training",
+    "step": "training",
+    "save": "training",
+    "load": "training",
+    "generate": "sampling",
+}
+
+
+def server_message(response: requests.Response | None) -> tuple[Any, str]:
+    """``(code, message)`` from an error response body, or the status and raw text."""
+    if response is None:
+        return None, "no response"
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and ("message" in body or "code" in body):
+        return body.get("code"), str(body.get("message"))
+    return response.status_code, (response.text or response.reason or "")[:2000]
+
+
+class ExplainedClient:
+    """A ``CortexTrainingClient`` whose HTTP failures say what the server said.
+
+    Every method is the SDK's own; a ``requests.HTTPError`` it raises becomes a
+    :class:`CortexCallError` (chained, so :func:`cortex_recipes.reconnect.is_recoverable`
+    still sees the status). It also remembers the jobs it created, so that
+    :meth:`cancel_open_jobs` can cancel whatever a failing run left running.
+    """
+
+    def __init__(self, client: Any):
+        self._client = client
+        self._open_jobs: list[str] = []
+        self._sub_jobs: dict[str, dict[str, str]] = {}
+
+    @property
+    def sdk(self) -> Any:
+        return self._client
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr) or name.startswith("_"):
+            return attr
+
+        def call(*args, **kwargs):
+            try:
+                return attr(*args, **kwargs)
+            except requests.exceptions.HTTPError as exc:
+                code, message = server_message(exc.response)
+                status = exc.response.status_code if exc.response is not None else None
+                raise CortexCallError(
+                    name, self._sub_job_of(name, args, kwargs), status, code, message
+                ) from exc
+
+        return call
+
+    def _sub_job_of(self, operation: str, args: tuple, kwargs: dict) -> str | None:
+        for key in ("sub_job_id", "source_sub_job_id", "target_sub_job_id"):
+            if kwargs.get(key):
+                return str(kwargs[key])
+        if operation == "weight_sync" and len(args) >= 2:
+            return f"{args[1]} -> {args[2] if len(args) > 2 else kwargs.get('target_sub_job_ids')}"
+        job_id = args[0] if args and isinstance(args[0], str) else kwargs.get("job_id")
+        kind = _OPERATION_SUB_JOB.get(operation)
+        if job_id and kind:
+            return self._sub_jobs.get(job_id, {}).get(kind, f"{job_id}:{kind}")
+        return job_id
+
+    def create_job(self, sub_jobs: list, *args, **kwargs) -> str:
+        job_id = self.__getattr__("create_job")(sub_jobs, *args, **kwargs)
+        self._open_jobs.append(job_id)
+        return job_id
+
+    def wait_for_job(self, job_id: str) -> dict:
+        job = self.__getattr__("wait_for_job")(job_id)
+        self._sub_jobs[job_id] = {
+            s["job_type"]: s["sub_job_id"] for s in job.get("sub_jobs", []) if "sub_job_id" in s
+        }
+        return job
+
+    def cancel_job(self, job_id: str) -> None:
+        self.__getattr__("cancel_job")(job_id)
+        if job_id in self._open_jobs:
+            self._open_jobs.remove(job_id)
+
+    def cancel_open_jobs(self) -> None:
+        """Cancel every job this client created and did not cancel; failures are logged."""
+        for job_id in list(self._open_jobs):
+            try:
+                self._client.cancel_job(job_id)
+                log.info("cancelled job %s as the run ended", job_id)
+            except Exception as exc:  # the backend may be gone; nothing else to do here
+                log.warning("could not cancel job %s: %s: %s", job_id, type(exc).__name__, exc)
+            self._open_jobs.remove(job_id)
+
+
+# -- the trainer's side of a job -------------------------------------------------------------
+
+
+class Trainer:
+    """A job's training sub-job: the train step, the weight sync and the saves, in one place."""
+
+    def __init__(self, client: Any, job_id: str, run: Run, *, weight_format: str = "hf"):
+        from cortex_recipes.endpoint import sub_job_ids
+
+        self.client, self.job_id, self.run = client, job_id, run
+        self.sub_jobs = sub_job_ids(client.wait_for_job(job_id))
+        self.weight_format = weight_format
+
+    @classmethod
+    def start(cls, client: Any, sub_jobs: list, run: Run, **kwargs: Any) -> Trainer:
+        """Create the job, wait until its sub-jobs run, and bind its training sub-job."""
+        return cls(client, client.create_job(sub_jobs), run, **kwargs)
+
+    def poll(self, request_id: str) -> dict:
+        return self.client.poll_request(self.job_id, request_id)
+
+    def train_step(self, frame: bytes, *, learning_rate: float | None = None) -> tuple[dict, dict]:
+        """forward_backward on ``frame`` then an optimiser step: ``(result, step result)``."""
+        result = self.poll(self.client.forward_backward(self.job_id, frame))
+        stepped = self.poll(self.client.step(self.job_id, learning_rate=learning_rate))
+        return result, stepped
+
+    def sync(self, targets: list[str] | None = None) -> None:
+        """Put the trainer's weights on ``targets`` (default: the sampling sub-job)."""
+        targets = targets or [self.sub_jobs["sampling"]]
+        self.poll(
+            self.client.weight_sync(
+                self.job_id, self.sub_jobs["training"], targets, weight_format=self.weight_format
+            )
+        )
+
+    def save_weights(self, step: int) -> dict:
+        """A weights-only save, recorded in checkpoints.jsonl; returns the save result."""
+        saved = self.poll(self.client.save(self.job_id, checkpoint_type="weights-only"))
+        self.run.checkpoint(
+            step=step, job_id=self.job_id,
+            **{k: saved[k] for k in ("checkpoint_id", "stage_path", "checkpoint_type")},
+        )  # fmt: skip
+        return saved
+
+    def save_resumable(self, step: int, state: dict[str, Any]) -> float:
+        """A resumable trainer save, then ``state`` next to it (the order resume relies on);
+        returns the seconds it took."""
+        t0 = time.monotonic()
+        saved = self.poll(self.client.save(self.job_id, checkpoint_type="resumable"))
+        trainer = {"job_id": self.job_id, **{k: saved[k] for k in ("checkpoint_id", "stage_path")}}
+        self.run.checkpoints.save(
+            step, {**state, "config_hash": self.run.config_hash, "trainer": trainer}
+        )
+        self.run.checkpoint(step=step, checkpoint_type="resumable", **trainer)
+        return round(time.monotonic() - t0, 3)
+
+    def load(self, checkpoint: dict[str, Any], *, sync: bool = True) -> None:
+        """Load a resume state's trainer checkpoint (and, by default, sync the sampler)."""
+        source = checkpoint["trainer"]
+        self.poll(
+            self.client.load(self.job_id, source["checkpoint_id"], source_job_id=source["job_id"])
+        )
+        if sync and "sampling" in self.sub_jobs:
+            self.sync()
+        log.info("resumed from step %d (trainer checkpoint %s)", checkpoint["step"], source)

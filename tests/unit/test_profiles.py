@@ -1,0 +1,135 @@
+"""The one profile layer (cortex_recipes.profiles): typed sections, overrides, help, stable hashes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cortex_recipes import profiles
+from cortex_recipes.distill.profile import load_opd_profile
+from cortex_recipes.journeys import load_journeys, profile_loader
+from cortex_recipes.profiles import ProfileError
+from cortex_recipes.rl.profile import GRPOProfile, load_grpo_profile
+from cortex_recipes.sft import SFTProfile, load_profile
+from cortex_recipes.tito.profile import load_tito_profile
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+ASYNC = ROOT / "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
+SFT_LORA = ROOT / "recipes/sft/conversational/configs/local-cpu-smollm2-lora.json"
+SFT_TINY = ROOT / "recipes/sft/conversational/configs/local-cpu-tiny-qwen3.json"
+CHECKED_IN = [
+    (journey, config)
+    for journey in load_journeys(ROOT)
+    for config in sorted((ROOT / journey.folder / "configs").glob("*.json"))
+]
+
+
+@pytest.mark.parametrize(
+    ("journey", "config"), CHECKED_IN, ids=lambda x: getattr(x, "stem", getattr(x, "name", x))
+)
+def test_every_checked_in_profile_loads_typed_and_keeps_the_hash_of_its_file(journey, config):
+    profile = profile_loader(journey)(config)
+    assert profile.config_hash == profiles.config_hash(json.loads(config.read_text()))
+    for sub_job in profile.sub_jobs():
+        sub_job.validate()
+
+
+def test_nested_overrides_reach_typed_fields_and_change_the_hash():
+    base = load_grpo_profile(ASYNC)
+    profile = load_grpo_profile(
+        ASYNC,
+        ["trainer.learning_rate=1e-4", "eval.max_tokens=32", "orchestrator.sampling.top_p=0.9"],
+    )
+    assert profile.trainer.learning_rate == 1e-4 and profile.eval.max_tokens == 32
+    assert profile.sampling_params()["top_p"] == 0.9
+    assert profile.sub_jobs()[0].to_wire()["training_config"]["optimizer"]["lr"] == 1e-4
+    assert profile.raw["trainer"]["learning_rate"] == 1e-4 != base.raw["trainer"]["learning_rate"]
+    assert profile.config_hash != base.config_hash
+    assert load_grpo_profile(ASYNC, []).config_hash == base.config_hash
+
+
+def test_overrides_inside_a_free_form_block_are_kept_as_given():
+    profile = load_grpo_profile(ASYNC, ["trainer.training.peft_config.r=4"])
+    assert profile.trainer.training["peft_config"]["r"] == 4
+    assert profile.sub_jobs()[1].to_wire()["inference_config"]["peft_config"]["r"] == 4
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "trainer.learning_rat=1",
+            r"trainer.learning_rat is not a field of trainer; accepted: "
+            r"learning_rate, loss, training",
+        ),
+        ("speed=3", r"speed is not a field of the profile; accepted: .*max_steps"),
+        ("trainer.learning_rate=-1", r"trainer.learning_rate=-1.0 must be > 0"),
+        ("orchestrator.batch_size=many", r"orchestrator.batch_size='many' must be int"),
+        ("weight_format=vllm", r"weight_format='vllm'; accepted: hf, lora"),
+        ("max_steps.value=3", r"max_steps is a int, not a section"),
+        ("max_steps", r"override 'max_steps' must look like key=value"),
+    ],
+)
+def test_a_wrong_override_names_the_field_the_value_and_what_is_accepted(override, message):
+    with pytest.raises(ProfileError, match=message):
+        load_grpo_profile(ASYNC, [override])
+
+
+def test_sft_eval_section_overrides_and_required_fields():
+    assert load_profile(SFT_LORA, ["eval.max_tokens=32"]).eval.max_tokens == 32
+    assert load_profile(SFT_TINY).eval is None
+    with pytest.raises(ProfileError, match=r"eval.prompts is required"):
+        load_profile(SFT_TINY, ["eval.max_tokens=32"])  # a new section needs its fields
+
+
+def test_other_journeys_accept_nested_overrides_too():
+    tito = ROOT / "recipes/agentic/tito/configs/local-cpu-tiny-qwen3-smoke.json"
+    assert load_tito_profile(tito, ["rl.steps=2", "warm_start.steps=0"]).rl.steps == 2
+    opd = ROOT / "recipes/distillation/on_policy/configs/local-cpu-smollm2-teacher.json"
+    assert load_opd_profile(opd, ["teacher_tau=0.5"]).grpo_config()["teacher_tau"] == 0.5
+    with pytest.raises(ProfileError, match=r"teacher_tau=0.5 needs a positive teacher_clip"):
+        load_opd_profile(opd, ["teacher_tau=0.5", "teacher_clip=null"])
+
+
+def test_a_toml_profile_loads_like_the_json_one_with_the_same_hash(tmp_path):
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    toml = configs / "local-cpu-tiny-qwen3.toml"
+    toml.write_text(
+        'name = "local-cpu-tiny-qwen3"\n'
+        'description = "Smoke profile: random-init tiny Qwen3 on CPU; checks the plumbing, '
+        'not the outcome."\n'
+        'model_name = "tiny-qwen3"\nrenderer = "qwen3"\ntrain_on = "all_assistant_messages"\n'
+        'dataset = "data/identity.jsonl"\nseed = 0\nn_gpus = 1\nmax_seq_len = 128\n'
+        'batch_size = 4\nsteps = 3\nlearning_rate = 0.001\ndtype = "float32"\n\n[training]\n'
+    )
+    assert load_profile(toml).config_hash == load_profile(SFT_TINY).config_hash
+
+
+def test_help_lists_every_profile_field_with_its_doc_and_default():
+    text = profiles.help_text(GRPOProfile)
+    assert "trainer.learning_rate" in text and "AdamW learning rate (> 0)" in text
+    assert "eval.interval" in text and "default 5" in text
+    assert "orchestrator.sampling.temperature" in text
+    names = [row[0] for row in profiles.describe(SFTProfile)]
+    assert "eval.max_tokens" in names and "path" not in names and "raw" not in names
+
+
+def test_the_command_line_splits_journey_settings_from_profile_overrides(capsys):
+    from recipes.sft.conversational.train import Config
+
+    config = profiles.entrypoint(
+        Config, SFTProfile, ["steps=2", "learning_rate=1e-4", "eval.max_tokens=32"]
+    )
+    assert config.steps == 2
+    assert config.overrides == ("learning_rate=1e-4", "eval.max_tokens=32")
+    with pytest.raises(SystemExit) as exited:
+        profiles.entrypoint(Config, SFTProfile, ["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert "if_exists" in out and "resume | overwrite | fail" in out
+    assert "learning_rate" in out and "eval.max_tokens" in out
