@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -151,6 +152,12 @@ def main(argv: list[str] | None = None) -> int:
                 subprocess.run(
                     [args.engine, "rmi", "--force", tag, pinned], check=False, capture_output=True
                 )
+                # The build stage's untagged images (the whole venv, several GB each) outlive
+                # `rmi` of the final image; without this, five journeys fill a CI disk.
+                subprocess.run(
+                    [args.engine, "image", "prune", "--force"], check=False, capture_output=True
+                )
+            result["disk_free_gb"] = round(shutil.disk_usage("/").free / 2**30, 1)
         print(json.dumps(result), flush=True)
     if failed:
         print(f"failed: {sorted(set(failed))}", file=sys.stderr)

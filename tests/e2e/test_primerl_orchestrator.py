@@ -19,11 +19,12 @@ import pytest
 from cortex_recipes.models import resolve_model_path
 from cortex_recipes.primerl import broadcasts
 from cortex_recipes.primerl.inference import InferenceAdapter
+from cortex_recipes.primerl.launch import ENV_VAR, script_command
 from cortex_recipes.primerl.trainer import TrainerAdapter, TrainerAdapterConfig
 from cortex_recipes.tito.gateway import Gateway
 from tests.e2e.conftest import TINY, inference, start, training
 
-PRIMERL_PYTHON = os.environ.get("CORTEX_RECIPES_PRIMERL_PYTHON")
+PRIMERL_PYTHON = os.environ.get(ENV_VAR)
 ENV_DIR = Path(__file__).resolve().parent / "primerl_env"
 STEPS = 3
 
@@ -104,7 +105,7 @@ def free_port() -> int:
 
 
 def test_prime_rl_orchestrator_trains_through_the_adapters(client, tmp_path):
-    bin_dir = Path(PRIMERL_PYTHON).parent
+    python = Path(PRIMERL_PYTHON)
     job = start(client, [training(lr=1e-3), inference()])
     out = tmp_path / "outputs"
     port = free_port()
@@ -132,12 +133,12 @@ def test_prime_rl_orchestrator_trains_through_the_adapters(client, tmp_path):
         thread.start()
         env_log = open(tmp_path / "env-server.log", "w")  # noqa: SIM115 - closed below
         env_server = subprocess.Popen(
-            [str(bin_dir / "env-server"), "@", str(tmp_path / "env.toml")],
+            script_command(python, "env-server", "@", str(tmp_path / "env.toml")),
             env=env, stdout=env_log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
             orchestrator = subprocess.run(
-                [str(bin_dir / "orchestrator"), "@", str(tmp_path / "orch.toml")],
+                script_command(python, "orchestrator", "@", str(tmp_path / "orch.toml")),
                 env=env, capture_output=True, text=True, timeout=900,
             )  # fmt: skip
         finally:
