@@ -96,6 +96,20 @@ def build(engine: str, journey: dict, base: str | None, tag: str, no_cache: bool
     return time.monotonic() - started
 
 
+def build_deps(engine: str, base: str | None) -> str | None:
+    """Build and tag the journey-independent ``deps`` stage once (podman), so that every
+    journey's build reuses its layers and pruning one journey's leftovers keeps them. BuildKit
+    (docker) caches stages on its own; there this returns None."""
+    if engine == "docker":
+        return None
+    flags, _ = build_args({"name": "deps", "extra": "local"}, base)
+    epoch = flags[-1]
+    tag = "cortex-recipes-deps:" + hashlib.sha256((ROOT / "uv.lock").read_bytes()).hexdigest()[:12]
+    command = [engine, "build", "--format", "docker", "--timestamp", epoch, "--target", "deps"]
+    run([*command, "-t", tag, "-f", "docker/Dockerfile", *flags[:-2], "."], cwd=ROOT)
+    return tag
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", default="podman")
@@ -117,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown or not landed journeys {unknown}")
         journeys = [j for j in journeys if j["name"] in args.journey]
     failed = []
+    deps = None if args.reproducible else build_deps(args.engine, args.base)
     for journey in journeys:
         _, version = build_args(journey, args.base)
         tag = f"cortex/{journey['name']}:{version}"
@@ -159,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
             result["disk_free_gb"] = round(shutil.disk_usage("/").free / 2**30, 1)
         print(json.dumps(result), flush=True)
+    if deps and not args.keep:
+        subprocess.run([args.engine, "rmi", "--force", deps], check=False, capture_output=True)
+        subprocess.run([args.engine, "image", "prune", "--force"], check=False, capture_output=True)
     if failed:
         print(f"failed: {sorted(set(failed))}", file=sys.stderr)
     return 1 if failed else 0

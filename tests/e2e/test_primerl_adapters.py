@@ -353,7 +353,7 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "primerl" / "rollouts"
 
 
 def test_trainer_adapter_trains_on_prime_rl_rollout_files(client, job, tmp_path):
-    """The files in tests/data/primerl (prime-rl's own structs) train two steps."""
+    """Files recorded from a real prime-rl run (tests/data/primerl) train two steps."""
     import shutil
 
     shutil.copytree(DATA, tmp_path / "rollouts")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -63,6 +64,12 @@ type = "filesystem"
 [weight_broadcast]
 type = "filesystem"
 
+[train]
+# A random-init tiny model never earns the echo reward, so every group has zero advantage;
+# prime-rl drops those by default and would never ship a batch. Keep them: this test checks
+# the protocol, not learning.
+filter_zero_advantages = false
+
 [train.sampling]
 max_completion_tokens = 8
 
@@ -75,6 +82,9 @@ id = "cortex-echo"
 
 [train.source.env.agent.harness]
 id = "null"
+
+[train.source.env.agent.runtime]
+type = "subprocess"
 
 [train.source.serve]
 address = "tcp://127.0.0.1:{port}"
@@ -90,6 +100,9 @@ id = "cortex-echo"
 
 [env.agent.harness]
 id = "null"
+
+[env.agent.runtime]
+type = "subprocess"
 
 [serve]
 address = "tcp://127.0.0.1:{port}"
@@ -112,7 +125,10 @@ def test_prime_rl_orchestrator_trains_through_the_adapters(client, tmp_path):
     adapter = InferenceAdapter(client, job, model=str(resolve_model_path(TINY)),
                                max_model_len=256, output_dir=out)  # fmt: skip
     trainer = TrainerAdapter(
-        client, TrainerAdapterConfig(output_dir=out, job_id=job, max_steps=STEPS, poll_s=0.1)
+        client,
+        TrainerAdapterConfig(
+            output_dir=out, job_id=job, max_steps=STEPS, poll_s=0.1, batch_timeout_s=600
+        ),
     )
     failures: list[str] = []
 
@@ -129,7 +145,8 @@ def test_prime_rl_orchestrator_trains_through_the_adapters(client, tmp_path):
             orchestrator_toml(resolve_model_path(TINY), gateway.base_url, out, port)
         )
         (tmp_path / "env.toml").write_text(env_server_toml(tmp_path / "env-out", port))
-        thread = threading.Thread(target=train, name="trainer-adapter")
+        # A daemon, so a failed orchestrator cannot leave pytest waiting on it.
+        thread = threading.Thread(target=train, name="trainer-adapter", daemon=True)
         thread.start()
         env_log = open(tmp_path / "env-server.log", "w")  # noqa: SIM115 - closed below
         env_server = subprocess.Popen(
@@ -156,5 +173,14 @@ def test_prime_rl_orchestrator_trains_through_the_adapters(client, tmp_path):
         json.loads(x) for x in (out / "cortex" / "trainer_metrics.jsonl").read_text().splitlines()
     ]
     assert [r["step"] for r in records] == [1, 2, 3]
+    # The shaped echo reward differs within groups, so the steps really trained.
+    assert any(r["grad_norm"] and r["grad_norm"] > 0 for r in records), records
+    assert all(r["samples"] == 4 and r["trainable_tokens"] > 0 for r in records), records
+    record_dir = os.environ.get("CORTEX_RECIPES_PRIMERL_RECORD")
+    if record_dir:  # how tests/data/primerl was produced (its README)
+        for step in range(1, STEPS + 1):
+            target = Path(record_dir) / f"step_{step}"
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(out / "rollouts" / f"step_{step}" / "rank_0.bin", target / "rank_0.bin")
     assert adapter.counters["generate_requests"] >= STEPS * 4
     assert adapter.counters["weight_updates"] >= 1

@@ -174,9 +174,9 @@ def test_weight_dir_must_name_a_version():
         broadcasts.version_of("/x/weights")
 
 
-def test_files_written_with_prime_rl_structs_decode_into_trainable_rows():
+def test_files_recorded_from_prime_rl_decode_into_trainable_rows():
     files = sorted(DATA.glob("**/rank_0.bin"))
-    assert len(files) == 2
+    assert len(files) == 3
     for path in files:
         rows = read_rows(path)
         assert rows and all(any(r.loss_mask) for r in rows)

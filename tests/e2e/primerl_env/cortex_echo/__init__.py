@@ -2,7 +2,8 @@
 
 Loaded by prime-rl's env-server as taskset id ``cortex-echo`` (this folder goes on its
 PYTHONPATH); it runs only inside the prime-rl environment, never in this project's own.
-Tasks are procedural (no dataset download): echo a number; reward 1 when the reply has it.
+Tasks are procedural (no dataset download): echo a number; reward 1 when the reply has it,
+else a small reward for the reply's length (see ``echoed``).
 """
 
 import verifiers.v1 as vf
@@ -21,7 +22,10 @@ class EchoTask(vf.Task[EchoData]):
 
     @vf.reward(weight=1.0)
     async def echoed(self, trace: vf.Trace) -> float:
-        return 1.0 if self.data.answer in (trace.last_reply or "") else 0.0
+        # 1 for the echo; otherwise a small length-shaped reward, so that a random-init model's
+        # samples in one group still differ and the advantages (and gradients) are not zero.
+        reply = trace.last_reply or ""
+        return 1.0 if self.data.answer in reply else 0.1 * min(len(reply), 40) / 40
 
 
 class EchoConfig(vf.TasksetConfig):
