@@ -66,6 +66,12 @@ class Config:
         default=3, doc="reconnects after a lost backend before the run gives up"
     )
     env_latency_s: float = chz.field(default=-1.0, doc="< 0: the profile's env.latency_s")
+    # Not "orchestrator": that key overrides the profile's orchestrator section.
+    runner: str = chz.field(
+        default="builtin",
+        doc="builtin (this project's scheduler) | prime-rl (prime-rl's own orchestrator and "
+        "env-server, in the environment $CORTEX_RECIPES_PRIMERL_PYTHON names; docs/async-grpo.md)",
+    )
     overrides: tuple[str, ...] = chz.field(
         default=(), doc="profile overrides: the command line's other key=value"
     )
@@ -87,6 +93,10 @@ def main(config: Config) -> dict:
     )  # fmt: skip
     if run.finished:
         return run.finished
+    if config.runner not in ("builtin", "prime-rl"):
+        raise ProfileError(f"runner={config.runner!r}; accepted: builtin, prime-rl")
+    if config.runner == "prime-rl":
+        return train_on_primerl(config, profile, run)
 
     reconnects = 0
     while True:
@@ -109,6 +119,20 @@ def main(config: Config) -> dict:
                 (run.checkpoints.steps() or [0])[-1],
             )
             time.sleep(min(2.0**reconnects, 30.0))
+
+
+def train_on_primerl(config, profile: GRPOProfile, run: Run) -> dict:
+    """prime-rl's orchestrator + env-server drive the job through the two adapters."""
+    from cortex_recipes.primerl.journey import run_primerl
+
+    max_steps = config.max_steps or profile.max_steps
+    with run.connect(config.connection, client_options={"poll_timeout": 1800.0}) as client:
+        trainer = Trainer.start(
+            client, profile.sub_jobs(), run, weight_format=profile.weight_format
+        )
+        out = run_primerl(client, profile, run, max_steps=max_steps, job_id=trainer.job_id)
+        client.cancel_job(trainer.job_id)
+    return run.summary({"profile": profile.name, "config_hash": profile.config_hash, **out})
 
 
 def train(client, config, profile: GRPOProfile, run: Run, reconnects: int) -> dict:
@@ -242,5 +266,7 @@ def train(client, config, profile: GRPOProfile, run: Run, reconnects: int) -> di
 if __name__ == "__main__":
     out = main(profiles.entrypoint(Config, GRPOProfile))
     keys = ("profile", "eval_accuracy", "off_policy_max", "overlap_fraction", "wall_time_s")
+    if out.get("orchestrator") == "prime-rl":
+        keys = ("profile", "orchestrator", "steps", "losses", "published_versions", "wall_time_s")
     print(json.dumps({k: out[k] for k in keys}))
     sys.exit(0)

@@ -1,0 +1,76 @@
+"""The prime-rl configs the async GRPO journey writes, from its checked-in profiles."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from cortex_recipes.primerl import journey
+from cortex_recipes.rl.profile import load_grpo_profile
+
+pytestmark = pytest.mark.unit
+SMOKE = "recipes/rl/async_grpo/configs/local-cpu-tiny-qwen3-smoke.json"
+
+
+def test_orchestrator_toml_carries_the_profile():
+    profile = load_grpo_profile(SMOKE)
+    text = journey.orchestrator_toml(
+        profile, model_dir=Path("/m/tiny"), base_url="http://127.0.0.1:9/v1",
+        output_dir=Path("/o"), port=5123, max_steps=3,
+    )  # fmt: skip
+    orch = tomllib.loads(text)
+    assert orch["max_steps"] == 3 and orch["output_dir"] == "/o"
+    assert orch["batch_size"] == profile.orchestrator.batch_size
+    assert orch["group_size"] == profile.orchestrator.group_size
+    assert orch["max_off_policy_steps"] == profile.orchestrator.max_off_policy_steps
+    assert orch["seq_len"] == profile.max_seq_len
+    assert orch["model"] == {
+        "name": "/m/tiny",
+        "client": {"base_url": "http://127.0.0.1:9/v1", "api_key_var": journey.API_KEY_VAR},
+    }
+    assert orch["renderer"] == {"name": "qwen3"}
+    assert orch["train"]["filter_zero_advantages"] is False
+    assert orch["train"]["sampling"]["max_completion_tokens"] == 8
+    (source,) = orch["train"]["source"]
+    assert source["env"]["taskset"] == {
+        "id": "cortex-arith", "seed": 0, "size": 64, "min_terms": 2, "max_terms": 2,
+        "min_digits": 1, "max_digits": 1, "operators": ["+"],
+        "instruction": "Answer with just the number.",
+    }  # fmt: skip
+    assert source["env"]["agent"]["runtime"] == {"type": "subprocess"}
+    assert source["serve"]["address"] == "tcp://127.0.0.1:5123"
+    env = tomllib.loads(journey.env_server_toml(profile, output_dir=Path("/e"), port=5123))
+    assert env["env"]["taskset"] == source["env"]["taskset"]
+    assert env["serve"] == source["serve"]
+
+
+def test_a_smollm2_profile_renders_with_its_own_chat_template():
+    assert journey.renderer_name("smollm2-135m-instruct") == "default"
+    assert journey.renderer_name("Qwen/Qwen3-0.6B") == "qwen3"
+
+
+def test_a_dataset_the_prime_rl_path_cannot_generate_is_refused():
+    profile = load_grpo_profile(SMOKE)
+    other = dataclasses.replace(profile, env=dataclasses.replace(profile.env, dataset="chain_sum"))
+    with pytest.raises(ValueError, match=r"env.dataset='chain_sum'"):
+        journey.taskset_settings(other)
+    parens = dataclasses.replace(
+        profile, env=dataclasses.replace(profile.env, config={"allow_parentheses": True})
+    )
+    with pytest.raises(ValueError, match="allow_parentheses"):
+        journey.taskset_settings(parens)
+
+
+def test_merged_metrics_join_prime_rl_records_by_step(tmp_path):
+    (tmp_path / "cortex").mkdir()
+    (tmp_path / "cortex" / "trainer_metrics.jsonl").write_text(
+        '{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.25}\n'
+    )
+    (tmp_path / "metrics.jsonl").write_text('{"step": 2, "off_policy/max": 1}\n')
+    assert journey.merged_metrics(tmp_path) == [
+        {"step": 1, "loss": 0.5},
+        {"step": 2, "loss": 0.25, "primerl/off_policy/max": 1},
+    ]
