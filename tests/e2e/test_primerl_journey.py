@@ -33,6 +33,7 @@ def test_the_journey_trains_on_prime_rl_and_keeps_both_sides_metrics(tmp_path):
     out = train.main(config)
     assert out["orchestrator"] == "prime-rl"
     assert out["steps"] == [1, 2] and out["published_versions"] == [0, 1, 2]
+    assert [e["step"] for e in out["eval_accuracy"]] == [0, 2]  # the builtin runner's eval set
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     assert all(r["samples"] == 8 for r in records)  # batch_size 8, nothing filtered

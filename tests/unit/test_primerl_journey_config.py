@@ -32,6 +32,10 @@ def test_orchestrator_toml_carries_the_profile():
         "client": {"base_url": "http://127.0.0.1:9/v1", "api_key_var": journey.API_KEY_VAR},
     }
     assert orch["renderer"] == {"name": "qwen3"}
+    episodes = profile.orchestrator.max_inflight_groups * profile.orchestrator.group_size
+    assert orch["concurrency"] == {
+        "initial_inflight": episodes, "min_inflight": episodes, "max_inflight": episodes
+    }  # fmt: skip
     assert orch["train"]["filter_zero_advantages"] is False
     assert orch["train"]["sampling"]["max_completion_tokens"] == 8
     (source,) = orch["train"]["source"]

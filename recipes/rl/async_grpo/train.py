@@ -126,13 +126,27 @@ def train_on_primerl(config, profile: GRPOProfile, run: Run) -> dict:
     from cortex_recipes.primerl.journey import run_primerl
 
     max_steps = config.max_steps or profile.max_steps
+    tokenizer = load_tokenizer(profile.model)
+    _, eval_env = profile.envs()  # the builtin runner's fixed eval set, so the two compare
     with run.connect(config.connection, client_options={"poll_timeout": 1800.0}) as client:
         trainer = Trainer.start(
             client, profile.sub_jobs(), run, weight_format=profile.weight_format
         )
+
+        def evaluate(step: int) -> dict:
+            found = greedy_eval(
+                client, trainer.job_id, tokenizer, eval_env, profile.eval_max_tokens
+            )
+            log.info("eval at step %d: accuracy %.3f", step, found["accuracy"])
+            return {"step": step, "accuracy": found["accuracy"]}
+
+        evals = [evaluate(0)]
         out = run_primerl(client, profile, run, max_steps=max_steps, job_id=trainer.job_id)
+        trainer.sync()  # the sampler may hold the previous version: evaluate the last one
+        evals.append(evaluate(max_steps))
         client.cancel_job(trainer.job_id)
-    return run.summary({"profile": profile.name, "config_hash": profile.config_hash, **out})
+    summary = {"profile": profile.name, "config_hash": profile.config_hash, **out}
+    return run.summary({**summary, "eval_accuracy": evals})
 
 
 def train(client, config, profile: GRPOProfile, run: Run, reconnects: int) -> dict:
@@ -267,6 +281,6 @@ if __name__ == "__main__":
     out = main(profiles.entrypoint(Config, GRPOProfile))
     keys = ("profile", "eval_accuracy", "off_policy_max", "overlap_fraction", "wall_time_s")
     if out.get("orchestrator") == "prime-rl":
-        keys = ("profile", "orchestrator", "steps", "losses", "published_versions", "wall_time_s")
+        keys = ("profile", "orchestrator", "eval_accuracy", "losses", "published_versions")
     print(json.dumps({k: out[k] for k in keys}))
     sys.exit(0)

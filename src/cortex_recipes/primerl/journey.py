@@ -96,6 +96,15 @@ def renderer_name(model: str) -> str:
     return next((r for key, r in RENDERERS.items() if key in name), "default")
 
 
+def concurrency(profile) -> dict[str, int]:
+    """Fixed in-flight episodes: the profile's ``max_inflight_groups`` groups (prime-rl's
+    adaptive controller otherwise starts at one episode and sizes itself from vLLM's KV-cache
+    metrics, which this backend does not publish)."""
+    groups = profile.orchestrator.max_inflight_groups or 1
+    episodes = groups * profile.orchestrator.group_size
+    return {"initial_inflight": episodes, "min_inflight": episodes, "max_inflight": episodes}
+
+
 def orchestrator_toml(profile, *, model_dir: Path, base_url: str, output_dir: Path, port: int,
                       max_steps: int) -> str:  # fmt: skip
     orch = profile.orchestrator
@@ -115,6 +124,7 @@ def orchestrator_toml(profile, *, model_dir: Path, base_url: str, output_dir: Pa
     return "\n".join(
         [
             "".join(f"{k} = {_toml(v)}\n" for k, v in top.items()),
+            _table("concurrency", concurrency(profile)),
             _table("model", {"name": str(model_dir)}),
             _table("model.client", {"base_url": base_url, "api_key_var": API_KEY_VAR}),
             _table("renderer", {"name": renderer_name(profile.model)}),
