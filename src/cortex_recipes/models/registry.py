@@ -23,10 +23,17 @@ from cortex_recipes.models.cache import build_once, cache_root
 
 MODEL_DIRS_ENV = "CORTEX_RECIPES_MODEL_DIRS"
 
+
+def _build_smollm2_student(out: Path) -> None:
+    """The student is cut from the cached teacher fixture, which the registry builds first (so
+    ``fixtures`` never imports the registry)."""
+    fixtures.build_smollm2_student(out, teacher=build_fixture(fixtures.SMOLLM2_135M_INSTRUCT))
+
+
 _FIXTURE_BUILDERS: dict[str, Callable[[Path], None]] = {
     fixtures.TINY_QWEN3: fixtures.build_tiny_qwen3,
     fixtures.SMOLLM2_135M_INSTRUCT: fixtures.build_smollm2_135m_instruct,
-    fixtures.SMOLLM2_STUDENT: fixtures.build_smollm2_student,
+    fixtures.SMOLLM2_STUDENT: _build_smollm2_student,
 }
 
 FIXTURE_MODELS: tuple[str, ...] = tuple(_FIXTURE_BUILDERS)
