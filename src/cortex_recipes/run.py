@@ -23,6 +23,10 @@ Invariants this module keeps:
 - Every job a run creates is cancelled when the connection closes, on failure too.
 - An SDK call that fails with an HTTP error raises :class:`CortexCallError` naming the
   operation, the sub-job and the server's own ``message`` and ``code``.
+
+Every journey's command-line ``Config`` subclasses :class:`RunConfig`, which holds the fields
+they share (``profile``, ``connection``, ``run_name``, ``log_path``, ``if_exists``,
+``overrides``); a journey adds its own and sets its default profile with :func:`profile_field`.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import chz
 import requests
 
 from cortex_recipes.qualify import git_revision
@@ -65,6 +70,46 @@ class CortexCallError(RuntimeError):
         self.status, self.code, self.message = status, code, message
         where = f" on sub-job {sub_job}" if sub_job else ""
         super().__init__(f"{operation}{where} failed: HTTP {status} (code {code}): {message}")
+
+
+# -- the command line every journey shares --------------------------------------------------
+
+
+def profile_field(default: str) -> Any:
+    """The ``profile`` field of a journey's ``Config``, defaulting to that journey's profile."""
+    return chz.field(
+        default=default, doc="the profile file (JSON or TOML) under the recipe's configs/"
+    )
+
+
+@chz.chz
+class RunConfig:
+    """The run fields of every journey's ``Config``: which profile, which backend, which run
+    folder and what to do when it already holds a run. A journey's ``Config`` subclasses this,
+    sets ``profile: str = profile_field(DEFAULT_PROFILE)`` and adds its own fields."""
+
+    profile: str = chz.field(doc="the profile file (JSON or TOML) under the recipe's configs/")
+    connection: str = chz.field(
+        default="local",
+        doc="'local' (the embedded backend) or a connection file for a Cortex endpoint",
+    )
+    run_name: str = chz.field(
+        default="", doc="default: the profile name; the run lives in runs/<journey>/<run_name>"
+    )
+    log_path: str = chz.field(default="", doc="a run folder other than runs/<journey>/<run_name>")
+    if_exists: str = chz.field(
+        default="resume", doc="resume | overwrite | fail, when the run folder holds a run"
+    )
+    overrides: tuple[str, ...] = chz.field(
+        default=(), doc="profile overrides: the command line's other key=value"
+    )
+
+    def open_run(self, journey: str, profile: Any) -> Run:
+        """:func:`open_run` for this config's ``log_path``, ``run_name`` and ``if_exists``."""
+        return open_run(
+            journey, profile, self,
+            log_path=self.log_path, run_name=self.run_name, if_exists=self.if_exists,
+        )  # fmt: skip
 
 
 # -- the checkpoint store -------------------------------------------------------------------
@@ -223,8 +268,6 @@ def open_run(
     summary when a finished run is resumed (nothing left to do), and ``resume`` the newest
     checkpoint state when an unfinished one is.
     """
-    import chz
-
     if if_exists not in IF_EXISTS:
         raise CheckpointError(f"if_exists={if_exists!r}; accepted: {', '.join(IF_EXISTS)}")
     path = Path(log_path) if log_path else RUNS_ROOT / journey / (run_name or profile.name)

@@ -1,133 +1,94 @@
-"""A small JSON Schema (draft 2020-12) subset, enough for recipe.yaml and the model catalog.
+"""recipe.yaml and the model catalog checked against their JSON Schema (draft 2020-12).
 
 The repository's schemas (``recipes/recipe.schema.json``, ``model-catalog/schema.json``) are
-plain JSON Schema documents, so any full validator accepts them; this module checks them
-without a dependency. Supported keywords: ``type``, ``enum``, ``const``, ``pattern``,
-``minLength``, ``minimum``, ``minItems``, ``required``, ``properties``,
-``additionalProperties``, ``items``, ``anyOf``, ``$ref`` (local ``#/$defs/...`` only) and
-``format: date`` (``YYYY-MM-DD``). Anything else in a schema is an error, so a schema never
-silently claims a check that is not made.
+plain JSON Schema documents; ``jsonschema`` checks them, with its format checker on (so
+``format: date`` is enforced as ``YYYY-MM-DD``). This module only turns ``jsonschema``'s
+errors into ``field: problem`` lines that name the field as a JSON path (``models[0].role``),
+the value and what is accepted. A schema that is not itself valid JSON Schema raises
+:class:`SchemaError` before anything is checked.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import re
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-SUPPORTED_KEYWORDS = {
-    "$schema", "$id", "$defs", "$ref", "$comment", "title", "description", "type", "enum",
-    "const", "pattern", "minLength", "minimum", "minItems", "required", "properties",
-    "additionalProperties", "items", "anyOf", "format",
-}  # fmt: skip
+import jsonschema
+from jsonschema.exceptions import SchemaError, ValidationError
 
-_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,),
-    "integer": (int,),
-    "number": (int, float),
-    "boolean": (bool,),
-    "object": (dict,),
-    "array": (list,),
-    "null": (type(None),),
-}
+__all__ = ["SchemaError", "validate"]
 
-
-class SchemaError(ValueError):
-    """The schema itself uses something this module does not check."""
-
-
-def _is_type(value: Any, name: str) -> bool:
-    if name not in _TYPES:
-        raise SchemaError(f"unknown type {name!r}; accepted: {', '.join(_TYPES)}")
-    if isinstance(value, bool) and name in ("integer", "number"):
-        return False
-    return isinstance(value, _TYPES[name])
-
-
-def _where(path: str) -> str:
-    return path or "(top level)"
+_FORMATS = jsonschema.Draft202012Validator.FORMAT_CHECKER
 
 
 def validate(value: Any, schema: dict[str, Any], root: dict[str, Any] | None = None) -> list[str]:
-    """Every way ``value`` breaks ``schema``, as ``field: problem`` strings (empty if none)."""
-    return _check(value, schema, root if root is not None else schema, "")
+    """Every way ``value`` breaks ``schema``, as ``field: problem`` strings (empty if none).
+
+    ``root`` is the document ``schema``'s local ``#/$defs/...`` references point into, when
+    ``schema`` is a part of it (``{"$ref": "#/$defs/profile"}``).
+    """
+    if root is not None:
+        schema = {"$defs": root.get("$defs", {}), **schema}
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema, format_checker=_FORMATS)
+    return _unique(line for error in validator.iter_errors(value) for line in _lines(error))
 
 
-def _check(value: Any, schema: dict[str, Any], root: dict[str, Any], path: str) -> list[str]:
-    unknown = sorted(set(schema) - SUPPORTED_KEYWORDS)
-    if unknown:
-        raise SchemaError(f"schema at {_where(path)} uses unsupported keywords {unknown}")
-    if "$ref" in schema:
-        ref = schema["$ref"]
-        if not ref.startswith("#/$defs/"):
-            raise SchemaError(f"$ref={ref!r}: only local '#/$defs/<name>' references")
-        return _check(value, root["$defs"][ref.removeprefix("#/$defs/")], root, path)
-    problems: list[str] = []
-    where = _where(path)
-    if "type" in schema:
-        types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-        if not any(_is_type(value, t) for t in types):
-            return [f"{where}: {value!r} is not of type {' or '.join(types)}"]
-    if "const" in schema and value != schema["const"]:
-        problems.append(f"{where}: {value!r} must be {schema['const']!r}")
-    if "enum" in schema and value not in schema["enum"]:
-        accepted = ", ".join(repr(v) for v in schema["enum"])
-        problems.append(f"{where}: {value!r} is not one of {accepted}")
-    if isinstance(value, str):
-        problems += _check_string(value, schema, where)
-    if "minimum" in schema and _is_type(value, "number") and value < schema["minimum"]:
-        problems.append(f"{where}: {value!r} must be >= {schema['minimum']}")
-    if isinstance(value, list):
-        if len(value) < schema.get("minItems", 0):
-            problems.append(f"{where}: needs at least {schema['minItems']} item(s)")
-        if "items" in schema:
-            for i, item in enumerate(value):
-                problems += _check(item, schema["items"], root, f"{path}[{i}]")
-    if isinstance(value, dict):
-        problems += _check_object(value, schema, root, path)
-    if "anyOf" in schema:
-        options = [_check(value, option, root, path) for option in schema["anyOf"]]
-        if all(options):
-            detail = " | ".join("; ".join(o) for o in options)
-            problems.append(f"{where}: matches none of the accepted forms ({detail})")
-    return problems
+def _unique(lines: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(lines))
 
 
-def _check_string(value: str, schema: dict[str, Any], where: str) -> list[str]:
-    problems = []
-    if len(value) < schema.get("minLength", 0):
-        problems.append(f"{where}: {value!r} is shorter than {schema['minLength']} characters")
-    if "pattern" in schema and not re.search(schema["pattern"], value):
-        problems.append(f"{where}: {value!r} does not match {schema['pattern']!r}")
-    if schema.get("format") == "date":
-        try:
-            dt.date.fromisoformat(value)
-            ok = len(value) == 10
-        except ValueError:
-            ok = False
-        if not ok:
-            problems.append(f"{where}: {value!r} is not a YYYY-MM-DD date")
-    elif "format" in schema:
-        raise SchemaError(f"format={schema['format']!r}: only 'date' is checked")
-    return problems
+def _path(parts: Sequence[str | int]) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+    return out
 
 
-def _check_object(
-    value: dict[str, Any], schema: dict[str, Any], root: dict[str, Any], path: str
-) -> list[str]:
-    problems = []
-    prefix = f"{path}." if path else ""
-    for key in schema.get("required", []):
-        if key not in value:
-            problems.append(f"{prefix}{key}: required field is missing")
-    properties = schema.get("properties", {})
-    extra = schema.get("additionalProperties", True)
-    for key, item in value.items():
-        if key in properties:
-            problems += _check(item, properties[key], root, f"{prefix}{key}")
-        elif extra is False:
+def _where(parts: Sequence[str | int]) -> str:
+    return _path(parts) or "(top level)"
+
+
+def _lines(error: ValidationError) -> list[str]:
+    parts = list(error.absolute_path)
+    where, value, expected = _where(parts), error.instance, error.validator_value
+    match error.validator:
+        case "required":
+            return [
+                f"{_path([*parts, key])}: required field is missing"
+                for key in expected
+                if key not in value
+            ]
+        case "additionalProperties":
+            properties = error.schema.get("properties", {})
             accepted = ", ".join(sorted(properties))
-            problems.append(f"{prefix}{key}: unknown field; accepted: {accepted}")
-        elif isinstance(extra, dict):
-            problems += _check(item, extra, root, f"{prefix}{key}")
-    return problems
+            return [
+                f"{_path([*parts, key])}: unknown field; accepted: {accepted}"
+                for key in value
+                if key not in properties
+            ]
+        case "type":
+            types = expected if isinstance(expected, list) else [expected]
+            return [f"{where}: {value!r} is not of type {' or '.join(types)}"]
+        case "enum":
+            accepted = ", ".join(repr(v) for v in expected)
+            return [f"{where}: {value!r} is not one of {accepted}"]
+        case "const":
+            return [f"{where}: {value!r} must be {expected!r}"]
+        case "pattern":
+            return [f"{where}: {value!r} does not match {expected!r}"]
+        case "minLength":
+            return [f"{where}: {value!r} is shorter than {expected} characters"]
+        case "minimum":
+            return [f"{where}: {value!r} must be >= {expected}"]
+        case "minItems":
+            return [f"{where}: needs at least {expected} item(s)"]
+        case "format" if expected == "date":
+            return [f"{where}: {value!r} is not a YYYY-MM-DD date"]
+        case "anyOf" | "oneOf":
+            options: dict[int, list[str]] = {}
+            for sub in error.context or []:
+                options.setdefault(sub.relative_schema_path[0], []).extend(_lines(sub))
+            detail = " | ".join("; ".join(_unique(o)) for _, o in sorted(options.items()))
+            return [f"{where}: matches none of the accepted forms ({detail})"]
+    return [f"{where}: {value!r}: {error.message}"]

@@ -9,6 +9,7 @@ import pytest
 from cortex_training import wire
 
 from cortex_recipes import payloads, sft
+from cortex_recipes.profiles import ProfileError
 from cortex_recipes.supervision import WeightedTokens, collate
 
 pytestmark = pytest.mark.contract
@@ -62,7 +63,7 @@ def _profile_with(tmp_path, **changes) -> Path:
 
 @pytest.mark.parametrize("field", sft.DS_BATCH_FIELDS)
 def test_a_profile_that_sets_a_deepspeed_batch_field_is_rejected_with_the_reason(tmp_path, field):
-    with pytest.raises(sft.ProfileError, match=rf"training.ds_config sets \['{field}'\]; remove"):
+    with pytest.raises(ProfileError, match=rf"training.ds_config sets \['{field}'\]; remove"):
         sft.load_profile(_profile_with(tmp_path, training={"ds_config": {field: 4}}))
 
 
@@ -75,14 +76,14 @@ def test_batch_size_is_global_and_sent_per_device_as_the_sdk_documents():
     wire_job = sub_job.to_wire()
     assert wire_job["global_batch_size"] == 16
     assert wire_job["training_config"]["train_batch_size"] == 2  # per device
-    with pytest.raises(sft.ProfileError, match="batch_size=15 is the global batch"):
+    with pytest.raises(ProfileError, match="batch_size=15 is the global batch"):
         sft.load_profile(path, ["batch_size=15"])
 
 
 def test_bad_profile_fields_are_named(tmp_path):
-    with pytest.raises(sft.ProfileError, match="train_on='everything'"):
+    with pytest.raises(ProfileError, match="train_on='everything'"):
         sft.load_profile(_profile_with(tmp_path, train_on="everything"))
-    with pytest.raises(sft.ProfileError, match=r"unknown keys \['lr'\]"):
+    with pytest.raises(ProfileError, match=r"unknown keys \['lr'\]"):
         sft.load_profile(_profile_with(tmp_path, lr=1))
 
 

@@ -1,5 +1,6 @@
 from pathlib import Path
 
+import huggingface_hub
 import pytest
 
 from cortex_recipes.models import ModelNotAvailableError, build_fixture, resolve_model_path
@@ -11,7 +12,7 @@ pytestmark = pytest.mark.unit
 @pytest.fixture
 def empty_model_search(tmp_path, monkeypatch):
     monkeypatch.setenv("CORTEX_RECIPES_MODEL_DIRS", str(tmp_path / "models"))
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     return tmp_path
 
 
@@ -20,7 +21,7 @@ def test_absent_hub_model_fails_with_instructions(empty_model_search):
         resolve_model_path("Qwen/Qwen3-0.6B")
     message = str(info.value)
     assert "model_name='Qwen/Qwen3-0.6B'" in message
-    assert "huggingface-cli download Qwen/Qwen3-0.6B" in message
+    assert "`hf download Qwen/Qwen3-0.6B`" in message
     assert "CORTEX_RECIPES_MODEL_DIRS" in message
     assert "tiny-qwen3" in message
 
@@ -38,7 +39,7 @@ def test_hub_model_resolves_from_hub_cache_ref(empty_model_search):
         (repo / "snapshots" / rev).mkdir(parents=True)
         (repo / "snapshots" / rev / "config.json").write_text("{}")
     (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text("bbb\n")
+    (repo / "refs" / "main").write_text("bbb")
     assert resolve_model_path("Qwen/Qwen3-0.6B") == repo / "snapshots" / "bbb"
 
 

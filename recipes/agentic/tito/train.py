@@ -39,7 +39,7 @@ from cortex_recipes.envs.glossary import (
 )
 from cortex_recipes.models import load_tokenizer, resolve_model_path
 from cortex_recipes.payloads import sft_frame
-from cortex_recipes.run import Trainer, open_run
+from cortex_recipes.run import RunConfig, Trainer, profile_field
 from cortex_recipes.supervision import collate, make_renderer
 from cortex_recipes.tito.episode import run_episode
 from cortex_recipes.tito.gateway import Gateway, create_gateway_app, sdk_generate
@@ -55,28 +55,12 @@ GATEWAY_KEY_ENV = (
 
 
 @chz.chz
-class Config:
-    profile: str = chz.field(
-        default=DEFAULT_PROFILE, doc="the profile file (JSON or TOML) under the recipe's configs/"
-    )
-    connection: str = chz.field(
-        default="local",
-        doc="'local' (the embedded backend) or a connection file for a Cortex endpoint",
-    )
-    run_name: str = chz.field(
-        default="", doc="default: the profile name; the run lives in runs/tito/<run_name>"
-    )
-    log_path: str = chz.field(default="", doc="a run folder other than runs/tito/<run_name>")
-    if_exists: str = chz.field(
-        default="resume", doc="resume | overwrite | fail, when the run folder holds a run"
-    )
+class Config(RunConfig):
+    profile: str = profile_field(DEFAULT_PROFILE)
     rl_steps: int = chz.field(default=0, doc="0: the profile's rl.steps")
     warm_start_steps: int = chz.field(default=-1, doc="< 0: the profile's warm_start.steps")
     stop_after_step: int = chz.field(
         default=0, doc="> 0: stop after this RL step (an interruption, for resume checks)"
-    )
-    overrides: tuple[str, ...] = chz.field(
-        default=(), doc="profile overrides: the command line's other key=value"
     )
 
 
@@ -85,10 +69,7 @@ def main(config: Config) -> dict:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     profile = load_tito_profile(config.profile, config.overrides)
-    run = open_run(
-        "tito", profile, config,
-        log_path=config.log_path, run_name=config.run_name, if_exists=config.if_exists,
-    )  # fmt: skip
+    run = config.open_run("tito", profile)
     if run.finished:
         return run.finished
     resume = run.resume

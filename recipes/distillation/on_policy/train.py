@@ -28,7 +28,7 @@ from cortex_recipes.distill.profile import OPDProfile, load_opd_profile
 from cortex_recipes.models import load_tokenizer
 from cortex_recipes.payloads import RESPONSE_OPTIONS
 from cortex_recipes.rollouts import Rollout, rollouts_from_results, sampler_logprobs_shifted
-from cortex_recipes.run import Trainer, open_run
+from cortex_recipes.run import RunConfig, Trainer, profile_field
 from cortex_recipes.sampling import chat_prompt_ids, generate
 
 log = logging.getLogger("recipes.distillation.on_policy")
@@ -36,27 +36,11 @@ DEFAULT_PROFILE = "recipes/distillation/on_policy/configs/local-cpu-smollm2-teac
 
 
 @chz.chz
-class Config:
-    profile: str = chz.field(
-        default=DEFAULT_PROFILE, doc="the profile file (JSON or TOML) under the recipe's configs/"
-    )
-    connection: str = chz.field(
-        default="local",
-        doc="'local' (the embedded backend) or a connection file for a Cortex endpoint",
-    )
-    run_name: str = chz.field(
-        default="", doc="default: the profile name; the run lives in runs/opd/<run_name>"
-    )
-    log_path: str = chz.field(default="", doc="a run folder other than runs/opd/<run_name>")
-    if_exists: str = chz.field(
-        default="resume", doc="resume | overwrite | fail, when the run folder holds a run"
-    )
+class Config(RunConfig):
+    profile: str = profile_field(DEFAULT_PROFILE)
     steps: int = chz.field(default=0, doc="0: the profile's steps")
     ckpt_interval: int = chz.field(
         default=0, doc="> 0: a resumable save every this many steps (a resume point)"
-    )
-    overrides: tuple[str, ...] = chz.field(
-        default=(), doc="profile overrides: the command line's other key=value"
     )
 
 
@@ -93,10 +77,7 @@ def main(config: Config) -> dict:
     )
     profile = load_opd_profile(config.profile, config.overrides)
     steps = config.steps or profile.steps
-    run = open_run(
-        "opd", profile, config,
-        log_path=config.log_path, run_name=config.run_name, if_exists=config.if_exists,
-    )  # fmt: skip
+    run = config.open_run("opd", profile)
     if run.finished:
         return run.finished
 

@@ -38,7 +38,7 @@ from cortex_recipes.rl.grpo import (
 from cortex_recipes.rl.orchestrator import AsyncOrchestrator, Intervals, overlap_seconds
 from cortex_recipes.rl.policy_lag import RolloutBook
 from cortex_recipes.rl.profile import GRPOProfile, load_grpo_profile
-from cortex_recipes.run import Run, Trainer, open_run
+from cortex_recipes.run import Run, RunConfig, Trainer, open_run, profile_field
 from cortex_recipes.sampling import chat_prompt_ids
 
 log = logging.getLogger("recipes.rl.async_grpo")
@@ -46,21 +46,8 @@ DEFAULT_PROFILE = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
 
 
 @chz.chz
-class Config:
-    profile: str = chz.field(
-        default=DEFAULT_PROFILE, doc="the profile file (JSON or TOML) under the recipe's configs/"
-    )
-    connection: str = chz.field(
-        default="local",
-        doc="'local' (the embedded backend) or a connection file for a Cortex endpoint",
-    )
-    run_name: str = chz.field(
-        default="", doc="default: the profile name; the run lives in runs/async_grpo/<run_name>"
-    )
-    log_path: str = chz.field(default="", doc="a run folder other than runs/async_grpo/<run_name>")
-    if_exists: str = chz.field(
-        default="resume", doc="resume | overwrite | fail, when the run folder holds a run"
-    )
+class Config(RunConfig):
+    profile: str = profile_field(DEFAULT_PROFILE)
     max_steps: int = chz.field(default=0, doc="0: the profile's max_steps")
     max_reconnects: int = chz.field(
         default=3, doc="reconnects after a lost backend before the run gives up"
@@ -71,9 +58,6 @@ class Config:
         default="builtin",
         doc="builtin (this project's scheduler) | prime-rl (prime-rl's own orchestrator and "
         "env-server, in the environment $CORTEX_RECIPES_PRIMERL_PYTHON names; docs/async-grpo.md)",
-    )
-    overrides: tuple[str, ...] = chz.field(
-        default=(), doc="profile overrides: the command line's other key=value"
     )
 
 

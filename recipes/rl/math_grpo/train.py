@@ -32,7 +32,7 @@ from cortex_recipes.profiles import ProfileError
 from cortex_recipes.rl.grpo import ScoredGroup, greedy_eval, group_seed, grpo_frame, task_order
 from cortex_recipes.rl.profile import GRPOProfile, load_grpo_profile
 from cortex_recipes.rollouts import rollouts_from_results
-from cortex_recipes.run import Trainer, open_run
+from cortex_recipes.run import RunConfig, Trainer, profile_field
 from cortex_recipes.sampling import chat_prompt_ids, generate
 
 log = logging.getLogger("recipes.rl.math_grpo")
@@ -40,26 +40,10 @@ DEFAULT_PROFILE = "recipes/rl/math_grpo/configs/local-cpu-smollm2-lora.json"
 
 
 @chz.chz
-class Config:
-    profile: str = chz.field(
-        default=DEFAULT_PROFILE, doc="the profile file (JSON or TOML) under the recipe's configs/"
-    )
-    connection: str = chz.field(
-        default="local",
-        doc="'local' (the embedded backend) or a connection file for a Cortex endpoint",
-    )
-    run_name: str = chz.field(
-        default="", doc="default: the profile name; the run lives in runs/math_grpo/<run_name>"
-    )
-    log_path: str = chz.field(default="", doc="a run folder other than runs/math_grpo/<run_name>")
-    if_exists: str = chz.field(
-        default="resume", doc="resume | overwrite | fail, when the run folder holds a run"
-    )
+class Config(RunConfig):
+    profile: str = profile_field(DEFAULT_PROFILE)
     max_steps: int = chz.field(default=0, doc="0: the profile's max_steps")
     env_latency_s: float = chz.field(default=-1.0, doc="< 0: the profile's env.latency_s")
-    overrides: tuple[str, ...] = chz.field(
-        default=(), doc="profile overrides: the command line's other key=value"
-    )
 
 
 def main(config: Config) -> dict:
@@ -75,10 +59,7 @@ def main(config: Config) -> dict:
     max_steps = config.max_steps or profile.max_steps
     latency = config.env_latency_s if config.env_latency_s >= 0 else profile.env.latency_s
     ckpt_interval = profile.ckpt.interval if profile.ckpt else 0  # 0: after the last step only
-    run = open_run(
-        "math_grpo", profile, config,
-        log_path=config.log_path, run_name=config.run_name, if_exists=config.if_exists,
-    )  # fmt: skip
+    run = config.open_run("math_grpo", profile)
     if run.finished:
         return run.finished
     tokenizer = load_tokenizer(profile.model)

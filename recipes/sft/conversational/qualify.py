@@ -12,6 +12,7 @@ from pathlib import Path
 import chz
 
 from cortex_recipes import qualify, sft
+from cortex_recipes.profiles import ProfileError
 from recipes.sft.conversational.train import Config, main
 
 RECIPE_DIR = Path(__file__).resolve().parent
@@ -27,7 +28,7 @@ class QualifyConfig:
 def run(config: QualifyConfig) -> int:
     profile = sft.load_profile(config.profile)
     if profile.eval is None:
-        raise sft.ProfileError(
+        raise ProfileError(
             f"{config.profile}: qualification needs an eval block (held-out prompts to check)"
         )
     summaries = [

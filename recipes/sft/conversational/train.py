@@ -21,7 +21,7 @@ import chz
 
 from cortex_recipes import payloads, profiles, sft
 from cortex_recipes.models import load_tokenizer
-from cortex_recipes.run import Trainer, open_run
+from cortex_recipes.run import RunConfig, Trainer, profile_field
 from cortex_recipes.sampling import greedy_answers
 from cortex_recipes.supervision import collate, make_renderer, render_supervised
 
@@ -30,30 +30,14 @@ DEFAULT_PROFILE = "recipes/sft/conversational/configs/local-cpu-tiny-qwen3.json"
 
 
 @chz.chz
-class Config:
-    profile: str = chz.field(
-        default=DEFAULT_PROFILE, doc="the profile file (JSON or TOML) under the recipe's configs/"
-    )
-    connection: str = chz.field(
-        default="local",
-        doc="'local' (the embedded backend) or a connection file for a Cortex endpoint",
-    )
-    run_name: str = chz.field(
-        default="", doc="default: the profile name; the run lives in runs/sft/<run_name>"
-    )
-    log_path: str = chz.field(default="", doc="a run folder other than runs/sft/<run_name>")
-    if_exists: str = chz.field(
-        default="resume", doc="resume | overwrite | fail, when the run folder holds a run"
-    )
+class Config(RunConfig):
+    profile: str = profile_field(DEFAULT_PROFILE)
     steps: int = chz.field(default=0, doc="0: the profile's steps")
     ckpt_interval: int = chz.field(
         default=0, doc="> 0: a resumable save every this many steps (a resume point)"
     )
     legacy_labels: bool = chz.field(
         default=False, doc="compatibility only: model-side loss from labels (no weights)"
-    )
-    overrides: tuple[str, ...] = chz.field(
-        default=(), doc="profile overrides: the command line's other key=value"
     )
 
 
@@ -83,10 +67,7 @@ def main(config: Config) -> dict:
     )
     profile = sft.load_profile(config.profile, config.overrides)
     steps = config.steps or profile.steps
-    run = open_run(
-        "sft", profile, config,
-        log_path=config.log_path, run_name=config.run_name, if_exists=config.if_exists,
-    )  # fmt: skip
+    run = config.open_run("sft", profile)
     if run.finished:
         return run.finished
 

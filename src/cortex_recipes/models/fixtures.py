@@ -7,7 +7,9 @@
   transformers GGUF converter drops SmolLM2's individual-digit pre-tokenizer).
 
 Each builder writes a standard Hugging Face model directory (``config.json``,
-``model.safetensors``, tokenizer files) into the directory it is given.
+``model.safetensors``, tokenizer files) into the directory it is given. This module imports
+nothing from the registry: a builder that starts from another fixture is handed that fixture's
+directory (:mod:`cortex_recipes.models.registry` builds and caches it first).
 """
 
 from __future__ import annotations
@@ -170,16 +172,14 @@ def build_smollm2_135m_instruct(out: Path) -> None:
     model.save_pretrained(out, safe_serialization=True)
 
 
-def build_smollm2_student(out: Path, layers: int = 4) -> None:
+def build_smollm2_student(out: Path, teacher: Path, layers: int = 4) -> None:
     """SmolLM2-135M-Instruct cut to its first ``layers`` decoder layers: a small, weak student
-    that shares the teacher's tokenizer and embeddings. Built from the cached SmolLM2 fixture."""
+    that shares the teacher's tokenizer and embeddings. ``teacher`` is the built
+    ``smollm2-135m-instruct`` fixture directory (the registry passes its cached build)."""
     import torch
     from safetensors.torch import load_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from cortex_recipes.models.registry import build_fixture
-
-    teacher = build_fixture(SMOLLM2_135M_INSTRUCT)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(teacher / name, out / name)
     config = LlamaConfig.from_pretrained(teacher)

