@@ -1,0 +1,53 @@
+"""SFT and OPD runs killed mid-run resume with the same command and end where an uninterrupted
+run ends: same steps once each, same losses (both runs are seeded)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import pytest
+
+from cortex_recipes.run import RunCheckpoints
+from tests.e2e.test_grpo_journeys import ROOT, command, metrics, run
+
+pytestmark = pytest.mark.e2e
+
+JOURNEYS = {  # module, steps (OPD's default profile runs SmolLM2: kept short)
+    "sft": ("recipes.sft.conversational.train", 3),
+    "opd": ("recipes.distillation.on_policy.train", 2),
+}
+
+
+def wait_for_checkpoint(proc, run_dir, step: int, timeout: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout
+    while step not in RunCheckpoints(run_dir / "checkpoints").steps():
+        assert proc.poll() is None, f"training exited early: {proc.stdout.read()[-3000:]}"
+        assert time.monotonic() < deadline, f"no checkpoint for step {step}"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("journey", sorted(JOURNEYS))
+def test_a_killed_run_resumes_and_matches_an_uninterrupted_one(journey, tmp_path):
+    module, steps = JOURNEYS[journey]
+    args = {"steps": steps, "ckpt_interval": 1}
+    whole = run(module, log_path=tmp_path / "whole", **args)
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(
+        command(module, log_path=killed, **args),
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        wait_for_checkpoint(proc, killed, 1)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    resumed = run(module, log_path=killed, **args)  # the same command: if_exists=resume
+
+    assert resumed["resumed_from_step"] >= 1
+    assert [m["step"] for m in metrics(killed)] == list(range(1, steps + 1))
+    assert resumed["losses"] == pytest.approx(whole["losses"], rel=1e-5, abs=1e-6)
