@@ -3,7 +3,7 @@
     python ci/images.py                                 # every landed journey: build, smoke, remove
     python ci/images.py --journey sft --keep            # one journey, keep the image
     python ci/images.py --base localhost/cortex-ci-base:bookworm   # CI: a local base image
-    python ci/images.py --journey sft --reproducible    # build twice, compare image digests
+    python ci/images.py --journey sft --reproducible    # build twice, compare image IDs
 
 Images are tagged ``cortex/<journey>:<version>`` and ``cortex/<journey>:pinned``. They are
 built with ``SOURCE_DATE_EPOCH`` set to the commit time and ``--timestamp`` at that time, so
@@ -68,6 +68,22 @@ def image_digest(engine: str, tag: str) -> str:
     ).stdout.strip()
 
 
+def image_id(engine: str, tag: str) -> str:
+    """The image ID: the digest of the image's config, which names its layers' digests. Both
+    docker and podman report it (``.Digest``, a manifest digest, may be empty on docker), so
+    reproducibility compares this."""
+    return run(
+        [engine, "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True, text=True
+    ).stdout.strip()
+
+
+def same_image(first: str, second: str) -> bool:
+    """Two builds are the same image only if both IDs are known and equal."""
+    if not first or not second:
+        raise ValueError(f"cannot compare image IDs {first!r} and {second!r}: one is empty")
+    return first == second
+
+
 def image_size(engine: str, tag: str) -> int:
     out = run(
         [engine, "image", "inspect", "--format", "{{.Size}}", tag], capture_output=True, text=True
@@ -120,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--reproducible",
         action="store_true",
-        help="build twice without the layer cache and compare digests",
+        help="build twice without the layer cache and compare image IDs",
     )
     args = parser.parse_args(argv)
 
@@ -147,8 +163,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.reproducible:
                 again = f"{tag}-again"
                 build(args.engine, journey, args.base, again, no_cache=True)
-                result["digest_again"] = image_digest(args.engine, again)
-                result["reproducible"] = result["digest_again"] == result["digest"]
+                result["id"] = image_id(args.engine, tag)
+                result["id_again"] = image_id(args.engine, again)
+                result["reproducible"] = same_image(result["id"], result["id_again"])
                 run([args.engine, "rmi", again])
                 if not result["reproducible"]:
                     failed.append(journey["name"])
@@ -159,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["smoke_rc"] = smoke.returncode
                 if smoke.returncode != 0:
                     failed.append(journey["name"])
-        except subprocess.CalledProcessError as exc:
+        except (subprocess.CalledProcessError, ValueError) as exc:
             result["error"] = str(exc)
             failed.append(journey["name"])
         finally:
