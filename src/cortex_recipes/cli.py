@@ -45,9 +45,19 @@ def _print_problems(problems: list[str], what: str) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from cortex_recipes.validate import validate_repository
+    from cortex_recipes.validate import stale_evidence, validate_repository
 
-    return _print_problems(validate_repository(_root(args)), "validate")
+    root = _root(args)
+    status = _print_problems(validate_repository(root), "validate")
+    stale = stale_evidence(root)
+    for line in stale:  # on stderr: stdout stays one line per contract problem
+        (log.error if args.release else log.warning)("stale: %s", line)
+    if stale:
+        (log.error if args.release else log.warning)(
+            "validate: %d evidence record(s) no longer describe the code%s", len(stale),
+            "" if args.release else " (a release, `validate --release`, fails on them)",
+        )  # fmt: skip
+    return 1 if status or (args.release and stale) else 0
 
 
 def _cmd_catalog_validate(args: argparse.Namespace) -> int:
@@ -172,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Prints one 'path: problem' line per problem; exits 1 if there is any.",
     )
     check.add_argument("--root", help=root_help)
+    check.add_argument(
+        "--release",
+        action="store_true",
+        help="also fail on stale evidence: a record behind last_validated whose code_digest "
+        "or git_revision no longer matches the code",
+    )
     check.set_defaults(func=_cmd_validate)
 
     qualify = commands.add_parser(

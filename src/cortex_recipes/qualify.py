@@ -25,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from cortex_recipes.provenance import code_digest
+
 log = logging.getLogger(__name__)
 
 IMAGE_DIGEST_ENV = "CORTEX_RECIPES_IMAGE_DIGEST"
@@ -138,6 +140,14 @@ def sft_checks(runs: list[dict[str, Any]]) -> dict[str, bool]:
     }
 
 
+def repository_root(start: Path) -> Path:
+    """The nearest directory at or above ``start`` holding journeys.toml."""
+    for candidate in [Path(start).resolve(), *Path(start).resolve().parents]:
+        if (candidate / "journeys.toml").is_file():
+            return candidate
+    raise FileNotFoundError(f"no journeys.toml at or above {start}")
+
+
 def record_evidence(
     recipe_dir: Path,
     profile_name: str,
@@ -163,6 +173,7 @@ def record_evidence(
         "date": today,
         "config_hash": config_hash,
         "git_revision": git_revision(),
+        "code_digest": code_digest(repository_root(recipe_dir), recipe_dir),
         "checks": checks,
         "metrics": compared,
         "packages": package_versions(),

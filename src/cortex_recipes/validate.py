@@ -86,6 +86,72 @@ def validate_repository(root: Path) -> list[str]:
     return [_relative(p, root) for p in problems]
 
 
+def _revision_known(root: Path, revision: str) -> bool | None:
+    """Whether ``revision`` (``+dirty`` stripped) is a commit of the repository at ``root``;
+    None where ``root`` is not a git checkout (an image), so history cannot be asked."""
+    import subprocess
+
+    try:
+        inside = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--is-inside-work-tree"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if inside.returncode != 0:
+            return None
+        found = subprocess.run(
+            ["git", "-C", str(root), "cat-file", "-e", f"{revision.split('+')[0]}^{{commit}}"],
+            capture_output=True, check=False,
+        )  # fmt: skip
+    except OSError:
+        return None
+    return found.returncode == 0
+
+
+def stale_evidence(root: Path) -> list[str]:
+    """Evidence behind a ``last_validated`` that no longer describes the code: one line each.
+
+    A record is stale when it carries no ``code_digest`` (recorded before digests existed),
+    when its digest differs from :func:`cortex_recipes.provenance.code_digest` of the journey
+    now, or when its ``git_revision`` is missing or not in this repository's history.
+    """
+    from cortex_recipes.provenance import code_digest
+
+    root = root.resolve()
+    stale: list[str] = []
+    for journey in journeys_lib.load_journeys(root):
+        if not journey.landed:
+            continue
+        folder = journey.path(root)
+        try:
+            recipe = journeys_lib.load_recipe(folder / "recipe.yaml")
+        except JourneyError:
+            continue  # validate_repository reports it
+        current = code_digest(root, folder)
+        for profile in recipe.get("profiles") or []:
+            evidence = profile.get("evidence")
+            if not profile.get("last_validated") or not evidence:
+                continue
+            where = f"{journey.folder}/{evidence}"
+            try:
+                record = json.loads((folder / evidence).read_text())
+            except (OSError, ValueError):
+                continue  # validate_repository reports an unreadable record
+            recorded = record.get("code_digest")
+            if not recorded:
+                stale.append(f"{where}: no code_digest (recorded before code digests)")
+            elif recorded != current:
+                stale.append(
+                    f"{where}: code_digest={recorded[:12]} but the journey's code is now "
+                    f"{current[:12]}"
+                )
+            revision = record.get("git_revision")
+            if not revision:
+                stale.append(f"{where}: no git_revision")
+            elif _revision_known(root, revision) is False:
+                stale.append(f"{where}: git_revision={revision!r} is not in this history")
+    return stale
+
+
 def _relative(message: str, root: Path) -> str:
     return message.replace(f"{root}/", "")
 

@@ -457,3 +457,13 @@ def test_cli_prints_one_line_per_problem_and_exits_1(repo, capsys):
 def test_cli_exits_0_and_prints_nothing_on_a_clean_repository(repo, capsys):
     assert cli.main(["validate", "--root", str(repo)]) == 0
     assert capsys.readouterr().out == ""
+
+
+def test_release_fails_on_evidence_recorded_before_code_digests(repo, caplog):
+    record_path = repo / SFT / "evidence" / "local-cpu-smollm2-lora.json"
+    record = json.loads(record_path.read_text())
+    record.pop("code_digest", None)
+    record_path.write_text(json.dumps(record))
+    assert cli.main(["validate", "--root", str(repo)]) == 0
+    assert "no code_digest" in caplog.text
+    assert cli.main(["validate", "--root", str(repo), "--release"]) == 1

@@ -1,0 +1,82 @@
+"""Evidence tied to the code: the journey's files found from its imports, and stale records."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from cortex_recipes.provenance import code_digest, code_files
+from cortex_recipes.validate import stale_evidence
+
+pytestmark = pytest.mark.unit
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def names(root: Path, folder: str) -> set[str]:
+    return {p.resolve().as_posix() for p in code_files(root, Path(folder))}
+
+
+def test_the_sft_journey_reaches_the_backend_worker_and_its_processors():
+    found = {str(p.relative_to(ROOT)) for p in code_files(ROOT, Path("recipes/sft/conversational"))}
+    assert "recipes/sft/conversational/train.py" in found
+    assert "src/cortex_recipes/supervision.py" in found  # imported
+    assert "src/cortex_recipes/local/worker.py" in found  # started as python -m
+    assert "src/cortex_recipes/local/processors.py" in found  # imported by the worker
+    assert "src/cortex_recipes/primerl/trainer.py" not in found  # another journey's code
+
+
+def test_the_digest_follows_imports_lazy_ones_and_module_strings(tmp_path):
+    journey = tmp_path / "recipes" / "j"
+    journey.mkdir(parents=True)
+    (tmp_path / "recipes" / "__init__.py").write_text("")
+    (journey / "__init__.py").write_text("")
+    (journey / "train.py").write_text(
+        "from recipes.j import helper\n"
+        "def later():\n    from . import lazy\n"
+        "WORKER = ['-m', 'recipes.j.worker']\n"
+    )
+    for name in ("helper", "lazy", "worker", "unused"):
+        (journey / f"{name}.py").write_text(f"# {name}\n")
+    (tmp_path / "recipes" / "other.py").write_text("# not imported\n")
+    found = {p.name for p in code_files(tmp_path, Path("recipes/j"))}
+    assert {"train.py", "helper.py", "lazy.py", "worker.py", "__init__.py"} <= found
+    assert "other.py" not in found  # outside the journey folder and never imported
+    before = code_digest(tmp_path, Path("recipes/j"))
+    (tmp_path / "recipes" / "other.py").write_text("# changed, still not imported\n")
+    assert code_digest(tmp_path, Path("recipes/j")) == before
+    (journey / "helper.py").write_text("# changed\n")
+    assert code_digest(tmp_path, Path("recipes/j")) != before
+
+
+def sft_only_repo(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "recipes" / "sft", tmp_path / "recipes" / "sft")
+    shutil.copy(ROOT / "recipes" / "__init__.py", tmp_path / "recipes" / "__init__.py")
+    data = tomllib.loads((ROOT / "journeys.toml").read_text())
+    sft = next(j for j in data["journey"] if j["name"] == "sft")
+    (tmp_path / "journeys.toml").write_text(
+        "[[journey]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in sft.items())
+    )
+    return tmp_path
+
+
+def test_stale_evidence_names_records_without_or_with_another_digest(tmp_path):
+    root = sft_only_repo(tmp_path)
+    evidence = root / "recipes" / "sft" / "conversational" / "evidence"
+    current = code_digest(root, Path("recipes/sft/conversational"))
+    records = sorted(evidence.glob("local-cpu-smollm2-*.json"))
+    records = [r for r in records if not r.name.endswith(".failed.json")]
+    assert len(records) == 2
+    fresh, old = records
+    for path, digest in ((fresh, current), (old, "0" * 64)):
+        record = json.loads(path.read_text())
+        record.update(code_digest=digest, git_revision="abc123")
+        path.write_text(json.dumps(record))
+    stale = stale_evidence(root)  # not a git checkout: revisions cannot be asked, not flagged
+    assert stale == [
+        f"recipes/sft/conversational/evidence/{old.name}: code_digest=000000000000 but the "
+        f"journey's code is now {current[:12]}"
+    ]
