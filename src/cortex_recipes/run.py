@@ -4,7 +4,9 @@ A run lives in ``runs/<journey>/<run name>/`` (the run name defaults to the prof
 ``log_path=`` names any other folder) and keeps everything after it ends:
 
 - ``config.json``: the journey config, the profile, its ``config_hash``, the code revision;
-- ``metrics.jsonl``: one JSON object a step; ``checkpoints.jsonl``: one per save;
+- ``metrics.jsonl``: one JSON object a step, checked against the journey's record in
+  ``metrics_schema.json`` before it is written (:mod:`cortex_recipes.metrics`,
+  docs/metrics.md); ``checkpoints.jsonl``: one per save;
 - ``checkpoints/step_N/state.json``: what resume needs, naming the trainer checkpoint saved at
   the same step (written atomically: temp file, fsync, rename; a step folder without the file
   is incomplete and ignored);
@@ -45,6 +47,7 @@ from typing import Any
 import chz
 import requests
 
+from cortex_recipes.metrics import validate_record
 from cortex_recipes.qualify import git_revision
 
 log = logging.getLogger(__name__)
@@ -176,8 +179,12 @@ class RunCheckpoints:
 class Run:
     """An open run directory. Use :func:`open_run`; journeys never build paths themselves."""
 
-    def __init__(self, path: Path, *, config_hash: str, resume: dict[str, Any] | None):
+    def __init__(
+        self, path: Path, *, config_hash: str, resume: dict[str, Any] | None, journey: str = ""
+    ):
         self.path = Path(path)
+        #: the journey name, which also names its record in metrics_schema.json
+        self.journey = journey
         self.config_hash = config_hash
         self.checkpoints = RunCheckpoints(self.path / "checkpoints")
         #: the newest checkpoint's state when this run resumes, else None
@@ -194,6 +201,14 @@ class Run:
             f.write(json.dumps(record, sort_keys=True) + "\n")
 
     def metrics(self, **record: Any) -> None:
+        """Append one step's record, checked against this journey's metrics schema."""
+        self.record_metrics(record)
+
+    def record_metrics(self, record: dict[str, Any], *, schema: str | None = None) -> None:
+        """Append ``record`` once it matches ``schema`` (default: the journey's record in
+        metrics_schema.json); a record that does not raises naming the key, and nothing is
+        written."""
+        validate_record(schema or self.journey, record)
         self._append("metrics.jsonl", record)
 
     def read_metrics(self) -> list[dict[str, Any]]:
@@ -297,7 +312,7 @@ def open_run(
                 "if_exists=overwrite or another run_name"
             )
     path.mkdir(parents=True, exist_ok=True)
-    run = Run(path, config_hash=profile.config_hash, resume=latest)
+    run = Run(path, config_hash=profile.config_hash, resume=latest, journey=journey)
     summary_path = path / "summary.json"
     last_step = max((m.get("step", 0) for m in run.read_metrics()), default=0)
     if summary_path.exists() and (latest is None or latest["step"] < last_step):

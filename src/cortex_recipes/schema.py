@@ -10,6 +10,7 @@ the value and what is accepted. A schema that is not itself valid JSON Schema ra
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -61,11 +62,12 @@ def _lines(error: ValidationError) -> list[str]:
             ]
         case "additionalProperties":
             properties = error.schema.get("properties", {})
-            accepted = ", ".join(sorted(properties))
+            patterns = list(error.schema.get("patternProperties", {}))
+            accepted = ", ".join([*sorted(properties), *(f"/{p}/" for p in patterns)])
             return [
                 f"{_path([*parts, key])}: unknown field; accepted: {accepted}"
                 for key in value
-                if key not in properties
+                if key not in properties and not any(re.search(p, key) for p in patterns)
             ]
         case "type":
             types = expected if isinstance(expected, list) else [expected]

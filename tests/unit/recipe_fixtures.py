@@ -22,6 +22,7 @@ COPIED = (
     "docs/model-compatibility.md",
     "docs/async-grpo.md",
     "docs/journeys.md",
+    "docs/metrics.md",
 )
 
 SFT = "recipes/sft/conversational"

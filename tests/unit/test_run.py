@@ -28,6 +28,15 @@ class Profile:
     raw: dict = field(default_factory=lambda: {"name": "p"})
 
 
+def sft_record(step: int) -> dict:
+    """The smallest record the sft metrics schema accepts."""
+    return {
+        "step": step, "loss": 1.0, "supervised_tokens": 4, "loss_weight_sum": 4.0,
+        "dropped_examples": 0, "truncated_examples": 0, "grad_norm": None, "lr": 1e-4,
+        "time/step": 0.1,
+    }  # fmt: skip
+
+
 def trainer(job="job-1", cp="cp_1"):
     return {"job_id": job, "checkpoint_id": cp}
 
@@ -68,7 +77,7 @@ def test_a_new_run_lives_in_runs_journey_run_name_and_records_config_and_revisio
 
 def test_if_exists_fail_refuses_and_overwrite_starts_again(tmp_path):
     run = open_run("sft", Profile(), {}, log_path=str(tmp_path))
-    run.metrics(step=1)
+    run.metrics(**sft_record(1))
     run.summary({"done": True})
     with pytest.raises(CheckpointError, match="if_exists=resume"):
         open_run("sft", Profile(), {}, log_path=str(tmp_path), if_exists="fail")
@@ -81,7 +90,7 @@ def test_if_exists_fail_refuses_and_overwrite_starts_again(tmp_path):
 
 def test_resume_of_a_finished_run_returns_its_summary_and_changes_nothing(tmp_path):
     run = open_run("sft", Profile(), {}, log_path=str(tmp_path))
-    run.metrics(step=1)
+    run.metrics(**sft_record(1))
     run.summary({"final_loss": 1.5})
     again = open_run("sft", Profile(), {}, log_path=str(tmp_path))
     assert again.finished["final_loss"] == 1.5
@@ -89,12 +98,12 @@ def test_resume_of_a_finished_run_returns_its_summary_and_changes_nothing(tmp_pa
 
 
 def test_resume_continues_after_the_newest_checkpoint_and_drops_later_records(tmp_path):
-    run = open_run("grpo", Profile(), {}, log_path=str(tmp_path))
+    run = open_run("sft", Profile(), {}, log_path=str(tmp_path))
     for step in range(1, 6):
-        run.metrics(step=step)
+        run.metrics(**sft_record(step))
         run.checkpoint(step=step)
     run.checkpoints.save(3, {"config_hash": "hash-a", "trainer": trainer(), "evals": [1]})
-    resumed = open_run("grpo", Profile(), {}, log_path=str(tmp_path))
+    resumed = open_run("sft", Profile(), {}, log_path=str(tmp_path))
     assert resumed.resumed_from_step == 3 and resumed.resume["evals"] == [1]
     assert [m["step"] for m in resumed.read_metrics()] == [1, 2, 3]
     lines = (tmp_path / "checkpoints.jsonl").read_text().splitlines()
@@ -102,13 +111,13 @@ def test_resume_continues_after_the_newest_checkpoint_and_drops_later_records(tm
 
 
 def test_resume_with_a_changed_profile_names_both_hashes(tmp_path):
-    open_run("grpo", Profile(), {}, log_path=str(tmp_path)).metrics(step=1)
+    open_run("sft", Profile(), {}, log_path=str(tmp_path)).metrics(**sft_record(1))
     with pytest.raises(CheckpointError, match="profile hash hash-a.*hashes to hash-b"):
-        open_run("grpo", Profile(config_hash="hash-b"), {}, log_path=str(tmp_path))
+        open_run("sft", Profile(config_hash="hash-b"), {}, log_path=str(tmp_path))
 
 
 def test_an_unfinished_run_without_a_checkpoint_is_refused_not_restarted(tmp_path):
-    open_run("sft", Profile(), {}, log_path=str(tmp_path)).metrics(step=1)
+    open_run("sft", Profile(), {}, log_path=str(tmp_path)).metrics(**sft_record(1))
     with pytest.raises(CheckpointError, match="no checkpoint to resume from.*overwrite"):
         open_run("sft", Profile(), {}, log_path=str(tmp_path))
     assert (tmp_path / "metrics.jsonl").read_text().strip()

@@ -159,7 +159,7 @@ def main(config: Config) -> dict:
                 "sampled_tokens": int(mask.sum()),
                 "loss": result["avg_loss"],
                 "clip_ratio": m.get("clip_ratio"),
-                "approx_kl": m.get("approx_kl"),
+                "mismatch_kl/mean": m.get("approx_kl"),
                 "time/rollouts": round(t_gen - t0, 3),
                 "time/step": round(time.time() - t0, 3),
             }

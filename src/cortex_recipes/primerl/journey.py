@@ -18,7 +18,8 @@ tasksets/), generated with the profile's ``env`` knobs. Lag bounds are prime-rl'
 Per step the journey's ``metrics.jsonl`` gets the trainer adapter's record (loss, reward
 statistics from the advantages prime-rl computed, ``time/*``) merged with prime-rl's own
 record for that step (its ``metrics.jsonl``: off-policy lag, in-flight counts, rewards), under
-the key prefix ``primerl/``.
+the key prefix ``primerl/``; the merged record is checked against ``async_grpo/prime-rl`` in
+metrics_schema.json (docs/metrics.md), where ``primerl/*`` is the one open namespace.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from cortex_recipes.primerl.trainer import METRICS, TrainerAdapter, TrainerAdapt
 from cortex_recipes.tito.gateway import Gateway
 
 log = logging.getLogger(__name__)
+
+METRICS_SCHEMA = "async_grpo/prime-rl"  # this runner's record in metrics_schema.json
 
 TASKSETS = (
     Path(__file__).resolve().parents[3] / "recipes" / "rl" / "async_grpo" / "primerl" / "tasksets"
@@ -270,7 +273,7 @@ def run_primerl(client, profile, run, *, max_steps: int, job_id: str,
         raise RuntimeError(f"the trainer adapter did not finish; see {work}")
     records = merged_metrics(output_dir)
     for record in records:
-        run.metrics(**record)
+        run.record_metrics(record, schema=METRICS_SCHEMA)
     return {
         "orchestrator": "prime-rl",
         "published_versions": broadcasts.published_versions(output_dir),

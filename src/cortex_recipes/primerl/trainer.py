@@ -17,7 +17,7 @@ trainer's ``broadcasts/step_<v>/STABLE`` (versions from 0). This adapter plays t
 
 Metrics (one JSON object per step in ``<output_dir>/cortex/trainer_metrics.jsonl``): loss,
 ``mismatch_kl/mean``, ``time/wait_for_batch``, ``time/wait_for_sync``, ``time/train``,
-``time/save``, and the version published. Temperatures are not sent: the Cortex sampler
+``time/save_ckpt``, and the version published. Temperatures are not sent: the Cortex sampler
 returns raw (unscaled) logprobs, which is what the trainer computes at temperature 1.
 """
 
@@ -151,7 +151,7 @@ class TrainerAdapter:
                 "stage_path": saved.get("stage_path"),
             },
         )
-        return {"time/save": round(time.monotonic() - t0, 3)}
+        return {"time/save_ckpt": round(time.monotonic() - t0, 3)}
 
     # -- one step -------------------------------------------------------------------------
 
