@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import huggingface_hub
+import huggingface_hub.constants  # a lazily loaded submodule: import it by name
 
 from cortex_recipes.models import fixtures
 from cortex_recipes.models.cache import build_once, cache_root
