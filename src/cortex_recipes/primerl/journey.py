@@ -45,9 +45,16 @@ log = logging.getLogger(__name__)
 
 METRICS_SCHEMA = "async_grpo/prime-rl"  # this runner's record in metrics_schema.json
 
-TASKSETS = (
-    Path(__file__).resolve().parents[3] / "recipes" / "rl" / "async_grpo" / "primerl" / "tasksets"
-)
+
+def tasksets_dir() -> Path:
+    """The journey's taskset folder, found through the ``recipes`` package (the repository
+    root in a checkout, ``/app`` in an image, where ``cortex_recipes`` itself is installed in
+    site-packages and paths relative to this file would point into the venv)."""
+    import recipes
+
+    return Path(recipes.__file__).resolve().parent / "rl" / "async_grpo" / "primerl" / "tasksets"
+
+
 API_KEY_VAR = "CORTEX_PRIMERL_ADAPTER_KEY"  # prime-rl's client reads a key from a variable
 # The renderer prime-rl uses per model family; anything else renders with the tokenizer's own
 # chat template (renderers' "default").
@@ -223,7 +230,7 @@ def run_primerl(client, profile, run, *, max_steps: int, job_id: str,
             failures.append(exc)
 
     env = {**os.environ, API_KEY_VAR: "local", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": str(TASKSETS)}  # fmt: skip
+           "PYTHONPATH": str(tasksets_dir())}  # fmt: skip
     started = time.monotonic()
     with Gateway(adapter.app) as gateway:
         (work / "orch.toml").write_text(
