@@ -88,13 +88,45 @@ def qualification_command(root: Path, journey_name: str, profile_name: str, extr
     return [sys.executable, "-m", journey.qualify, f"profile={config}", *extra]
 
 
+def stale_targets(root: Path) -> list[tuple[str, str]]:
+    """(journey, profile) pairs whose evidence is stale, once each, in journeys.toml order."""
+    from cortex_recipes.validate import stale_records
+
+    targets: list[tuple[str, str]] = []
+    for record in stale_records(root):
+        if (record.journey, record.profile) not in targets:
+            targets.append((record.journey, record.profile))
+    return targets
+
+
 def _cmd_qualify(args: argparse.Namespace) -> int:
     root = _root(args)
-    command = qualification_command(root, args.journey, args.profile, args.overrides)
+    if args.stale:
+        if args.journey or args.profile:
+            raise JourneyError(
+                "qualify --stale re-runs every stale record; give no journey or profile with it"
+            )
+        targets = stale_targets(root)
+        if not targets:
+            print("no stale evidence: every last_validated is backed by a current record")
+            return 0
+        for journey, profile in targets:
+            print(f"re-qualifying {journey} {profile}")
+            code = _qualify_one(root, journey, profile, args.overrides)
+            if code != 0:
+                return code
+        return 0
+    if not args.journey or not args.profile:
+        raise JourneyError("qualify needs a journey and a profile (or --stale)")
+    return _qualify_one(root, args.journey, args.profile, args.overrides)
+
+
+def _qualify_one(root: Path, journey: str, profile: str, overrides: list[str]) -> int:
+    command = qualification_command(root, journey, profile, overrides)
     log.info("running %s in %s", " ".join(command), root)
     returncode = subprocess.run(command, cwd=root, check=False).returncode
     if returncode != 0:
-        log.error("qualification of %s %s failed (exit %d)", args.journey, args.profile, returncode)
+        log.error("qualification of %s %s failed (exit %d)", journey, profile, returncode)
         return returncode
     if (root / "model-catalog").is_dir():
         from cortex_recipes.catalog import sync
@@ -199,10 +231,15 @@ def build_parser() -> argparse.ArgumentParser:
             "and the model catalog and recipes/README.md are regenerated."
         ),
     )
-    qualify.add_argument("journey", help="a journey name from journeys.toml (e.g. sft)")
-    qualify.add_argument("profile", help="a profile name from the journey's recipe.yaml")
+    qualify.add_argument("journey", nargs="?", help="a journey name from journeys.toml (e.g. sft)")
+    qualify.add_argument("profile", nargs="?", help="a profile name from the journey's recipe.yaml")
     qualify.add_argument(
         "overrides", nargs="*", help="key=value overrides passed on (e.g. connection=...)"
+    )
+    qualify.add_argument(
+        "--stale",
+        action="store_true",
+        help="re-run exactly the qualifications whose evidence `validate` reports as stale",
     )
     qualify.add_argument("--root", help=root_help)
     qualify.set_defaults(func=_cmd_qualify)

@@ -36,6 +36,7 @@ import logging
 import re
 import shlex
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -107,17 +108,31 @@ def _revision_known(root: Path, revision: str) -> bool | None:
     return found.returncode == 0
 
 
-def stale_evidence(root: Path) -> list[str]:
-    """Evidence behind a ``last_validated`` that no longer describes the code: one line each.
+@dataclass(frozen=True)
+class StaleRecord:
+    """A record behind a ``last_validated`` that no longer describes the code."""
+
+    journey: str
+    profile: str
+    evidence: str  # the record's path, relative to the repository root
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.evidence}: {self.reason}"
+
+
+def stale_records(root: Path) -> list[StaleRecord]:
+    """Evidence behind a ``last_validated`` that no longer describes the code.
 
     A record is stale when it carries no ``code_digest`` (recorded before digests existed),
     when its digest differs from :func:`cortex_recipes.provenance.code_digest` of the journey
-    now, or when its ``git_revision`` is missing or not in this repository's history.
+    now, or when its ``git_revision`` is missing or not in this repository's history. One
+    record may be stale for more than one reason (one entry each).
     """
     from cortex_recipes.provenance import code_digest
 
     root = root.resolve()
-    stale: list[str] = []
+    stale: list[StaleRecord] = []
     for journey in journeys_lib.load_journeys(root):
         if not journey.landed:
             continue
@@ -132,24 +147,30 @@ def stale_evidence(root: Path) -> list[str]:
             if not profile.get("last_validated") or not evidence:
                 continue
             where = f"{journey.folder}/{evidence}"
+
+            def found(reason: str, profile=profile, where=where, journey=journey) -> None:
+                stale.append(StaleRecord(journey.name, profile.get("name", ""), where, reason))
+
             try:
                 record = json.loads((folder / evidence).read_text())
             except (OSError, ValueError):
                 continue  # validate_repository reports an unreadable record
             recorded = record.get("code_digest")
             if not recorded:
-                stale.append(f"{where}: no code_digest (recorded before code digests)")
+                found("no code_digest (recorded before code digests)")
             elif recorded != current:
-                stale.append(
-                    f"{where}: code_digest={recorded[:12]} but the journey's code is now "
-                    f"{current[:12]}"
-                )
+                found(f"code_digest={recorded[:12]} but the journey's code is now {current[:12]}")
             revision = record.get("git_revision")
             if not revision:
-                stale.append(f"{where}: no git_revision")
+                found("no git_revision")
             elif _revision_known(root, revision) is False:
-                stale.append(f"{where}: git_revision={revision!r} is not in this history")
+                found(f"git_revision={revision!r} is not in this history")
     return stale
+
+
+def stale_evidence(root: Path) -> list[str]:
+    """:func:`stale_records` as one line each (what ``validate`` prints)."""
+    return [str(record) for record in stale_records(root)]
 
 
 def _relative(message: str, root: Path) -> str:

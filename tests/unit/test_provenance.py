@@ -80,3 +80,38 @@ def test_stale_evidence_names_records_without_or_with_another_digest(tmp_path):
         f"recipes/sft/conversational/evidence/{old.name}: code_digest=000000000000 but the "
         f"journey's code is now {current[:12]}"
     ]
+
+
+def test_qualify_stale_targets_the_stale_profiles_once_each(tmp_path):
+    from cortex_recipes.cli import stale_targets
+
+    root = sft_only_repo(tmp_path)
+    evidence = root / "recipes" / "sft" / "conversational" / "evidence"
+    current = code_digest(root, Path("recipes/sft/conversational"))
+    records = sorted(p for p in evidence.glob("*.json") if not p.name.endswith(".failed.json"))
+    for path in records:
+        record = json.loads(path.read_text())
+        record.update(code_digest=current, git_revision="abc123")
+        path.write_text(json.dumps(record))
+    assert stale_targets(root) == []
+    stale = records[0]
+    record = json.loads(stale.read_text())
+    record.update(code_digest="0" * 64, git_revision=None)  # stale for two reasons
+    stale.write_text(json.dumps(record))
+    assert len(stale_evidence(root)) == 2
+    assert stale_targets(root) == [("sft", record["profile"])]
+
+
+def test_qualify_stale_with_nothing_stale_runs_nothing(tmp_path, capsys):
+    from cortex_recipes.cli import main
+
+    root = sft_only_repo(tmp_path)
+    evidence = root / "recipes" / "sft" / "conversational" / "evidence"
+    current = code_digest(root, Path("recipes/sft/conversational"))
+    for path in evidence.glob("*.json"):
+        record = json.loads(path.read_text())
+        record.update(code_digest=current, git_revision="abc123")
+        path.write_text(json.dumps(record))
+    assert main(["qualify", "--stale", "--root", str(root)]) == 0
+    assert "no stale evidence" in capsys.readouterr().out
+    assert main(["qualify", "sft", "--stale", "--root", str(root)]) == 2

@@ -28,8 +28,9 @@ from pathlib import Path
 
 import chz
 
+from cortex_recipes.intervals import bootstrap_mean
 from cortex_recipes.qualify import record_evidence
-from cortex_recipes.rl.checks import async_grpo_checks
+from cortex_recipes.rl.checks import async_grpo_checks, eval_gain
 from cortex_recipes.rl.profile import load_grpo_profile
 
 log = logging.getLogger("recipes.rl.async_grpo.qualify")
@@ -113,8 +114,9 @@ def main(config: Config) -> dict:
     checks = async_grpo_checks(run, profile.max_steps, profile.lag_config())
     evals = summary["eval_accuracy"]
     measured = {
-        "eval_accuracy_before": evals[0]["accuracy"],
-        "eval_accuracy_after": evals[-1]["accuracy"],
+        "eval_accuracy_before": bootstrap_mean("eval_accuracy_before", evals[0]["correct"]),
+        "eval_accuracy_after": bootstrap_mean("eval_accuracy_after", evals[-1]["correct"]),
+        "eval_accuracy_gain": eval_gain(summary),
         "reward_last_step": summary["rewards"][-1],
         "off_policy_max": max(run["off_policy_max_per_step"]),
         "overlap_fraction": summary["overlap_fraction"],

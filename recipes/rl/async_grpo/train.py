@@ -122,7 +122,7 @@ def train_on_primerl(config, profile: GRPOProfile, run: Run) -> dict:
                 client, trainer.job_id, tokenizer, eval_env, profile.eval_max_tokens
             )
             log.info("eval at step %d: accuracy %.3f", step, found["accuracy"])
-            return {"step": step, "accuracy": found["accuracy"]}
+            return {"step": step, "accuracy": found["accuracy"], "correct": found["correct"]}
 
         evals = [evaluate(0)]
         out = run_primerl(client, profile, run, max_steps=max_steps, job_id=trainer.job_id)
@@ -246,7 +246,10 @@ def train(client, config, profile: GRPOProfile, run: Run, reconnects: int) -> di
         "steps": [h["step"] for h in history],
         "rewards": [h["reward/mean"] for h in history],
         "losses": [h["loss"] for h in history],
-        "eval_accuracy": [{"step": e["step"], "accuracy": e["accuracy"]} for e in evals],
+        "eval_accuracy": [
+            {"step": e["step"], "accuracy": e["accuracy"], "correct": e.get("correct")}
+            for e in evals
+        ],
         "off_policy_max": max((h["off_policy/max"] for h in history), default=0),
         "off_policy_mean": sum(h["off_policy/mean"] for h in history) / max(len(history), 1),
         "dropped_total": book.dropped_total,

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import chz
 
+from cortex_recipes.intervals import bootstrap_mean
 from cortex_recipes.qualify import record_evidence
-from cortex_recipes.rl.checks import learning_checks
+from cortex_recipes.rl.checks import eval_gain, learning_checks
 from cortex_recipes.rl.profile import load_grpo_profile
 from recipes.rl.math_grpo.train import Config as TrainConfig
 from recipes.rl.math_grpo.train import main as train
@@ -53,8 +54,9 @@ def main(config: Config) -> dict:
     }
     evals = summary["eval_accuracy"]
     measured = {
-        "eval_accuracy_before": evals[0]["accuracy"],
-        "eval_accuracy_after": evals[-1]["accuracy"],
+        "eval_accuracy_before": bootstrap_mean("eval_accuracy_before", evals[0]["correct"]),
+        "eval_accuracy_after": bootstrap_mean("eval_accuracy_after", evals[-1]["correct"]),
+        "eval_accuracy_gain": eval_gain(summary),
         "reward_last_step": summary["rewards"][-1],
     }
     runs = [summary, {"smoke": smokes, "rollout_hashes": hashes}]

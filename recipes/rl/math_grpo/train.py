@@ -155,7 +155,10 @@ def main(config: Config) -> dict:
             "steps": [h["step"] for h in history],
             "rewards": [h["reward/mean"] for h in history],
             "losses": [h["loss"] for h in history],
-            "eval_accuracy": [{"step": e["step"], "accuracy": e["accuracy"]} for e in evals],
+            "eval_accuracy": [
+                {"step": e["step"], "accuracy": e["accuracy"], "correct": e.get("correct")}
+                for e in evals
+            ],
             "resumed_from_step": run.resumed_from_step,
             "loop_time_s": round(loop_s, 2),
             "wall_time_s": round(time.monotonic() - started, 1),

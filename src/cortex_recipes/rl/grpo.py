@@ -116,7 +116,8 @@ def task_order(seed: int, size: int) -> list[int]:
 
 
 def greedy_eval(client, job_id: str, tokenizer, env, max_tokens: int) -> dict[str, Any]:
-    """Greedy answers to every task of ``env``: exact-answer accuracy and mean score."""
+    """Greedy answers to every task of ``env``: exact-answer accuracy, mean score, and which
+    items were right (``correct``, 0/1 per task in order: what qualification's intervals use)."""
     from cortex_recipes.sampling import chat_prompt_ids
 
     tasks = [env.task(i) for i in range(env.size)]
@@ -127,6 +128,7 @@ def greedy_eval(client, job_id: str, tokenizer, env, max_tokens: int) -> dict[st
     return {
         "accuracy": sum(s == 1.0 for s in scores) / len(scores),
         "score": sum(scores) / len(scores),
+        "correct": [int(s == 1.0) for s in scores],
         "examples": [
             {"question": t.question, "completion": x}
             for t, x in zip(tasks[:3], texts[:3], strict=True)
