@@ -1,16 +1,15 @@
-"""Sampled completions as exact token ids, and the prediction-aligned tensors built from them.
+"""Sampled completions as exact token ids and the sampler's logprob of each.
 
-A row is ``prompt_ids + completion_ids``. Column ``i`` of every ``*_shifted`` tensor and of
-the mask scores token ``i + 1``, so a completion of ``C`` tokens after a prompt of ``P``
-occupies columns ``P - 1 .. P + C - 2``; the last column is never trained on.
+A rollout's sequence is ``prompt_ids + completion_ids``; :func:`cortex_recipes.frames.rollout_row`
+turns it into a training row (weights on the completion) and
+:func:`cortex_recipes.frames.pad_batch` into prediction-aligned tensors, where a completion of
+``C`` tokens after a prompt of ``P`` occupies columns ``P - 1 .. P + C - 2``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import torch
 
 
 @dataclass(frozen=True)
@@ -47,30 +46,4 @@ def rollouts_from_results(prompts: Sequence[list[int]], results: Sequence[dict])
                 result.get("finish_reason") or "length",
             )
         )
-    return out
-
-
-def pad_rows(rows: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
-    width = max(len(r) for r in rows)
-    out = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return out
-
-
-def completion_mask(rollouts: Sequence[Rollout], width: int) -> torch.Tensor:
-    """Prediction-aligned mask: 1 where column ``i`` predicts a sampled completion token."""
-    mask = torch.zeros(len(rollouts), width)
-    for r, rollout in enumerate(rollouts):
-        start = len(rollout.prompt_ids) - 1
-        mask[r, start : start + len(rollout.completion_ids)] = 1.0
-    return mask
-
-
-def sampler_logprobs_shifted(rollouts: Sequence[Rollout], width: int) -> torch.Tensor:
-    """The sampler's logprobs placed like the mask (the behaviour policy for PPO ratios)."""
-    out = torch.zeros(len(rollouts), width)
-    for r, rollout in enumerate(rollouts):
-        start = len(rollout.prompt_ids) - 1
-        out[r, start : start + len(rollout.completion_ids)] = torch.tensor(rollout.sampler_logprobs)
     return out

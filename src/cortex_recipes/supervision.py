@@ -6,10 +6,11 @@ Which tokens train is a named choice (:class:`TrainOnWhat`); a message may carry
 otherwise from the tokenizer's own chat template, split per message by rendering growing
 prefixes; a template whose renders do not extend each other token for token is rejected.
 
-Alignment: :func:`render_supervised` gives token-aligned weights (``weights[t]`` = how much
-predicting token ``t`` counts). :func:`next_token_mask` is the one place that shifts them to
-the prediction-aligned ``loss_mask`` the processors expect (column ``i`` weights token
-``i + 1``; the last column is 0).
+Alignment: :func:`render_supervised` gives a token-aligned :class:`cortex_recipes.frames.Row`
+(``weights[t]`` = how much predicting token ``t`` counts); :func:`collate` batches rows through
+:func:`cortex_recipes.frames.pad_batch`, whose :func:`~cortex_recipes.frames.shift` is the one
+place that turns them into the prediction-aligned ``loss_mask`` the processors expect (column
+``i`` weights token ``i + 1``; the last column is 0).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-import torch
+from cortex_recipes.frames import Batch, Row, pad_batch, shift
 
 log = logging.getLogger(__name__)
 
@@ -36,18 +37,6 @@ class TrainOnWhat(StrEnum):
 
 class SupervisionError(ValueError):
     """A conversation or template that cannot be supervised as asked."""
-
-
-@dataclass(frozen=True)
-class WeightedTokens:
-    token_ids: list[int]
-    weights: list[float]  # token-aligned: weight of predicting token_ids[t]
-
-    def __post_init__(self) -> None:
-        if len(self.token_ids) != len(self.weights):
-            raise SupervisionError(
-                f"{len(self.token_ids)} token ids but {len(self.weights)} weights"
-            )
 
 
 def make_renderer(tokenizer, name: str):
@@ -90,7 +79,7 @@ def _template_text(tokenizer, messages, *, add_generation_prompt: bool) -> str:
     )
 
 
-def _template_supervised(tokenizer, messages, per_message: list[float]) -> WeightedTokens:
+def _template_supervised(tokenizer, messages, per_message: list[float]) -> Row:
     """Split a chat-template render per message by character spans of growing prefixes."""
     full = _template_text(tokenizer, messages, add_generation_prompt=False)
     encoded = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
@@ -114,7 +103,7 @@ def _template_supervised(tokenizer, messages, per_message: list[float]) -> Weigh
         closes = [t for t in span if ids[t] == eos]
         for t in span[: span.index(closes[-1]) + 1] if closes else span:
             weights[t] = weight
-    return WeightedTokens(ids, weights)
+    return Row(ids, weights)
 
 
 def render_supervised(
@@ -124,7 +113,7 @@ def render_supervised(
     train_on: TrainOnWhat,
     *,
     tools: Sequence[dict[str, Any]] | None = None,
-) -> WeightedTokens:
+) -> Row:
     """Token ids of ``messages`` and token-aligned supervision weights.
 
     ``tools`` (OpenAI function-tool declarations) are rendered into the system prompt the way
@@ -143,50 +132,37 @@ def render_supervised(
         per_message[m] if sampled and m >= 0 else 0.0
         for m, sampled in zip(rendered.message_indices, rendered.sampled_mask, strict=True)
     ]
-    return WeightedTokens(list(rendered.token_ids), weights)
+    return Row(list(rendered.token_ids), weights)
 
 
-def truncate(example: WeightedTokens, max_seq_len: int) -> WeightedTokens:
+def truncate(example: Row, max_seq_len: int) -> Row:
     """Keep the first ``max_seq_len`` tokens with their own weights."""
-    return WeightedTokens(example.token_ids[:max_seq_len], example.weights[:max_seq_len])
-
-
-def next_token_mask(weights: Sequence[float]) -> list[float]:
-    """Prediction-aligned loss mask: column ``i`` weights token ``i + 1``; the last is 0."""
-    return [*weights[1:], 0.0] if weights else []
+    return Row(example.token_ids[:max_seq_len], example.weights[:max_seq_len])
 
 
 @dataclass(frozen=True)
-class SFTBatch:
-    input_ids: torch.Tensor  # [B, T] long, right-padded
-    loss_mask: torch.Tensor  # [B, T] float32, prediction-aligned; 0 on padding
-    n_dropped: int  # examples with no supervised token left (never sent)
-    n_truncated: int
+class SFTBatch(Batch):
+    n_dropped: int = 0  # examples with no supervised token left (never sent)
+    n_truncated: int = 0
 
 
-def collate(examples: Sequence[WeightedTokens], *, pad_id: int, max_seq_len: int) -> SFTBatch:
+def collate(examples: Sequence[Row], *, pad_id: int, max_seq_len: int) -> SFTBatch:
     """Truncate, drop unsupervised examples, right-pad, and build the next-token mask."""
-    rows: list[tuple[list[int], list[float]]] = []
+    rows: list[Row] = []
     dropped = truncated = 0
     for example in examples:
         if len(example.token_ids) > max_seq_len:
             truncated += 1
         cut = truncate(example, max_seq_len)
-        mask = next_token_mask(cut.weights)
-        if not any(w > 0 for w in mask):
+        if not any(w > 0 for w in shift(cut.weights)):
             dropped += 1
             continue
-        rows.append((cut.token_ids, mask))
+        rows.append(cut)
     if dropped:
         log.info("dropped %d example(s) with no supervised token after truncation", dropped)
     if not rows:
         raise SupervisionError(
             f"no example in this batch of {len(examples)} has a supervised token"
         )
-    width = max(len(ids) for ids, _ in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    loss_mask = torch.zeros((len(rows), width), dtype=torch.float32)
-    for r, (ids, mask) in enumerate(rows):
-        input_ids[r, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        loss_mask[r, : len(mask)] = torch.tensor(mask, dtype=torch.float32)
-    return SFTBatch(input_ids, loss_mask, dropped, truncated)
+    batch = pad_batch(rows, pad_id)
+    return SFTBatch(batch.input_ids, batch.loss_mask, n_dropped=dropped, n_truncated=truncated)

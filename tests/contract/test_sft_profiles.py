@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from cortex_training import wire
 
-from cortex_recipes import payloads, sft
+from cortex_recipes import frames, sft
 from cortex_recipes.profiles import ProfileError
-from cortex_recipes.supervision import WeightedTokens, collate
+from cortex_recipes.supervision import collate
 
 pytestmark = pytest.mark.contract
 
@@ -35,8 +35,8 @@ def test_profile_resolves_to_the_causal_cross_entropy_block(path):
     ds = wire_config.get("ds_config", {})
     assert not set(ds) & set(sft.DS_BATCH_FIELDS)
     profile.sampling_sub_job().validate()
-    batch = collate([WeightedTokens([1, 2, 3], [0.0, 1.0, 1.0])], pad_id=0, max_seq_len=8)
-    frame = wire.loads(payloads.sft_frame(batch))
+    batch = collate([frames.Row([1, 2, 3], [0.0, 1.0, 1.0])], pad_id=0, max_seq_len=8)
+    frame = wire.loads(frames.sft_frame(batch))
     # The loss block is the same with or without the chunked LM-head memory knob.
     assert frame["processing"] == {
         "loss_fn": "causal_cross_entropy",

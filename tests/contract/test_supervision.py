@@ -10,15 +10,13 @@ from cortex_training import wire
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cortex_recipes.frames import Row, legacy_labels_frame, sft_frame, shift
 from cortex_recipes.models import load_tokenizer
-from cortex_recipes.payloads import legacy_labels_frame, sft_frame
 from cortex_recipes.supervision import (
     SupervisionError,
     TrainOnWhat,
-    WeightedTokens,
     collate,
     make_renderer,
-    next_token_mask,
     render_supervised,
 )
 
@@ -54,7 +52,7 @@ def conversations(draw):
     return messages
 
 
-def _supervised_text(tokenizer, example: WeightedTokens, target: float) -> str:
+def _supervised_text(tokenizer, example: Row, target: float) -> str:
     return tokenizer.decode(
         [t for t, w in zip(example.token_ids, example.weights, strict=True) if w == target]
     )
@@ -78,7 +76,7 @@ def test_weights_follow_messages_and_mask_is_next_token_aligned(name, messages, 
                     message["content"].strip() in supervised
                 )  # a boundary-merged space stays context
         assert supervised.endswith(tokenizer.eos_token)  # trained through the turn close
-    mask = next_token_mask(example.weights)
+    mask = shift(example.weights)
     assert len(mask) == len(example.token_ids) and mask[-1] == 0.0
     assert mask[:-1] == example.weights[1:]
 
@@ -130,10 +128,8 @@ def test_bad_message_weight_names_the_message():
         )
 
 
-def _example(n: int, supervised_from: int, w: float = 1.0) -> WeightedTokens:
-    return WeightedTokens(
-        list(range(100, 100 + n)), [0.0] * supervised_from + [w] * (n - supervised_from)
-    )
+def _example(n: int, supervised_from: int, w: float = 1.0) -> Row:
+    return Row(list(range(100, 100 + n)), [0.0] * supervised_from + [w] * (n - supervised_from))
 
 
 @pytest.mark.parametrize("max_seq_len", [5, 6, 7, 8, 9, 10])

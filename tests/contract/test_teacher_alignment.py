@@ -11,8 +11,9 @@ from cortex_recipes.distill.teacher import (
     check_same_tokenizer,
     extract_scores,
 )
+from cortex_recipes.frames import pad_batch, rollout_row
 from cortex_recipes.models import load_tokenizer
-from cortex_recipes.rollouts import Rollout, completion_mask, pad_rows
+from cortex_recipes.rollouts import Rollout
 
 pytestmark = pytest.mark.contract
 
@@ -22,6 +23,14 @@ ROLLOUTS = [
 ]
 
 
+def batch_of(rollouts):
+    return pad_batch([rollout_row(r) for r in rollouts], pad_id=0)
+
+
+def completion_mask(rollouts):
+    return batch_of(rollouts).loss_mask
+
+
 def teacher_result(width=6, rows=2):
     # A fake teacher whose score at column i encodes (row, i): easy to see what was cut out.
     logprobs = torch.tensor([[-(10 * r + i) / 100 for i in range(width)] for r in range(rows)])
@@ -29,18 +38,17 @@ def teacher_result(width=6, rows=2):
 
 
 def test_mask_marks_the_columns_that_predict_sampled_tokens_only():
-    ids = pad_rows([r.ids for r in ROLLOUTS], pad_id=0)
-    assert ids.tolist() == [[5, 6, 7, 8, 9], [5, 6, 10, 11, 12]]
-    mask = completion_mask(ROLLOUTS, ids.shape[1])
+    batch = batch_of(ROLLOUTS)
+    assert batch.input_ids.tolist() == [[5, 6, 7, 8, 9], [5, 6, 10, 11, 12]]
+    mask = batch.loss_mask
     # row 0: column 2 predicts token 8 (first sampled), column 3 predicts 9; prompt and padding 0.
     assert mask.tolist() == [[0, 0, 1, 1, 0], [0, 1, 1, 1, 0]]
 
 
 def test_teacher_scores_land_on_the_prompt_boundary_and_skip_padding():
     rollouts = [ROLLOUTS[0], Rollout([5], [6], [-1.0])]  # row 1 is padded
-    ids = pad_rows([r.ids for r in rollouts], pad_id=0)
-    mask = completion_mask(rollouts, ids.shape[1])
-    scores = extract_scores(teacher_result(width=5), rollouts, ids.shape[1])
+    mask = completion_mask(rollouts)
+    scores = extract_scores(teacher_result(width=5), rollouts, mask.shape[1])
     aligned = align_to_mask(scores, mask)
     assert aligned[0].tolist() == pytest.approx([0, 0, -0.02, -0.03, 0])
     assert aligned[1].tolist() == pytest.approx([-0.10, 0, 0, 0, 0])
@@ -58,7 +66,7 @@ def test_mis_sized_teacher_result_is_rejected():
 
 
 def test_wrong_length_names_the_row():
-    mask = completion_mask(ROLLOUTS, 5)
+    mask = completion_mask(ROLLOUTS)
     scores = TeacherScores(offsets=[2, 1], values=[[-1.0, -1.0], [-1.0, -1.0]])
     with pytest.raises(
         TeacherScoreError, match="row 1: teacher returned 2 scores for 3 scored positions"
@@ -67,7 +75,7 @@ def test_wrong_length_names_the_row():
 
 
 def test_wrong_offset_names_the_row_and_shift():
-    mask = completion_mask(ROLLOUTS, 5)
+    mask = completion_mask(ROLLOUTS)
     scores = TeacherScores(offsets=[3, 1], values=[[-1.0, -1.0], [-1.0, -1.0, -1.0]])
     with pytest.raises(
         TeacherScoreError, match="row 0: .* start at position 3 .* first scored position is 2"
@@ -77,7 +85,7 @@ def test_wrong_offset_names_the_row_and_shift():
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_non_finite_score_names_row_and_position(bad):
-    mask = completion_mask(ROLLOUTS, 5)
+    mask = completion_mask(ROLLOUTS)
     scores = TeacherScores(offsets=[2, 1], values=[[-1.0, -1.0], [-1.0, bad, -1.0]])
     with pytest.raises(TeacherScoreError, match="row 1, position 2 .*not finite"):
         align_to_mask(scores, mask)
@@ -85,7 +93,7 @@ def test_non_finite_score_names_row_and_position(bad):
 
 def test_row_count_mismatch_is_rejected():
     with pytest.raises(TeacherScoreError, match="1 rows for a batch of 2"):
-        align_to_mask(TeacherScores([2], [[-1.0, -1.0]]), completion_mask(ROLLOUTS, 5))
+        align_to_mask(TeacherScores([2], [[-1.0, -1.0]]), completion_mask(ROLLOUTS))
 
 
 def test_tokenizer_mismatch_is_rejected_at_start_up():

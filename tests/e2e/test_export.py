@@ -11,9 +11,9 @@ import torch
 
 from cortex_recipes import cli
 from cortex_recipes.export import ExportError, export_checkpoint
+from cortex_recipes.frames import Row, sft_frame
 from cortex_recipes.models import resolve_model_path
-from cortex_recipes.payloads import sft_frame
-from cortex_recipes.supervision import WeightedTokens, collate
+from cortex_recipes.supervision import collate
 
 from .conftest import TINY, inference, start, training
 
@@ -28,7 +28,7 @@ def trained_checkpoint(client, lora=None) -> tuple[str, dict]:
     """A few SFT steps at a high learning rate (so the weights move), then a weights-only
     save; returns the job id and the save result."""
     job_id = start(client, [training(lora=lora, lr=5e-2)])
-    rows = [WeightedTokens([11, 12, 13, 14, 15, 16], [0, 1, 1, 1, 1, 1])] * 2
+    rows = [Row([11, 12, 13, 14, 15, 16], [0, 1, 1, 1, 1, 1])] * 2
     frame = sft_frame(collate(rows, pad_id=0, max_seq_len=32))
     for _ in range(3):
         client.poll_request(job_id, client.forward_backward(job_id, frame))

@@ -230,7 +230,8 @@ def test_sampler_gets_exactly_each_version_even_when_the_next_batch_arrives_firs
     checkpoint, a retried v1 update is a no-op, and a sync for a version no longer live is 409."""
     adapter, gateway = serve(client, job, tmp_path)
     trainer = TrainerAdapter(
-        client, TrainerAdapterConfig(output_dir=tmp_path, job_id=job, max_steps=2, poll_s=0.05)
+        client,
+        TrainerAdapterConfig(output_dir=tmp_path, job_id=job, max_steps=2, pad_id=0, poll_s=0.05),
     )
     with gateway:
         base_ids, base_lps = probe(gateway)
@@ -306,7 +307,7 @@ def test_trainer_adapter_resumes_from_its_last_published_version_after_kill_9(
     out = tmp_path / "run"
     command = [
         sys.executable, "-m", "cortex_recipes.primerl.trainer", "--connection", str(connection),
-        "--job-id", job, "--output-dir", str(out), "--max-steps", "2",
+        "--job-id", job, "--output-dir", str(out), "--max-steps", "2", "--pad-id", "0",
     ]  # fmt: skip
     _, gateway = serve(client, job, out)
     with gateway:
@@ -337,7 +338,8 @@ def test_trainer_adapter_resumes_from_its_last_published_version_after_kill_9(
 
 def test_trainer_adapter_stops_on_an_undecodable_rollout_file(client, job, tmp_path):
     trainer = TrainerAdapter(
-        client, TrainerAdapterConfig(output_dir=tmp_path, job_id=job, max_steps=1, poll_s=0.05)
+        client,
+        TrainerAdapterConfig(output_dir=tmp_path, job_id=job, max_steps=1, pad_id=0, poll_s=0.05),
     )
     path = rollout_path(tmp_path, 1)
     path.parent.mkdir(parents=True)
@@ -359,7 +361,8 @@ def test_trainer_adapter_trains_on_prime_rl_rollout_files(client, job, tmp_path)
     shutil.copytree(DATA, tmp_path / "rollouts")
     _, gateway = serve(client, job, tmp_path)
     trainer = TrainerAdapter(
-        client, TrainerAdapterConfig(output_dir=tmp_path, job_id=job, max_steps=2, poll_s=0.05)
+        client,
+        TrainerAdapterConfig(output_dir=tmp_path, job_id=job, max_steps=2, pad_id=0, poll_s=0.05),
     )
     with gateway:
         assert trainer.start() == 0

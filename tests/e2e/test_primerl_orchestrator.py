@@ -127,7 +127,12 @@ def test_prime_rl_orchestrator_trains_through_the_adapters(client, tmp_path):
     trainer = TrainerAdapter(
         client,
         TrainerAdapterConfig(
-            output_dir=out, job_id=job, max_steps=STEPS, poll_s=0.1, batch_timeout_s=600
+            output_dir=out,
+            job_id=job,
+            max_steps=STEPS,
+            pad_id=0,
+            poll_s=0.1,
+            batch_timeout_s=600,
         ),
     )
     failures: list[str] = []

@@ -30,7 +30,7 @@ import verifiers.v1 as vf
 from verifiers.v1.clients import resolve_client
 from verifiers.v1.configs.client import TrainClientConfig
 
-from cortex_recipes import profiles
+from cortex_recipes import frames, profiles
 from cortex_recipes.envs.glossary import (
     GlossaryConfig,
     GlossaryTaskset,
@@ -38,7 +38,6 @@ from cortex_recipes.envs.glossary import (
     tool_specs,
 )
 from cortex_recipes.models import load_tokenizer, resolve_model_path
-from cortex_recipes.payloads import sft_frame
 from cortex_recipes.run import RunConfig, Trainer, profile_field
 from cortex_recipes.supervision import collate, make_renderer
 from cortex_recipes.tito.episode import run_episode
@@ -82,7 +81,7 @@ def main(config: Config) -> dict:
     history_check = check_linear_history(
         renderer, demonstration("ada lovelace"), wire_tools(tools)
     )  # before any training: refuse templates that cannot extend turns exactly
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad_id = frames.pad_id(tokenizer)
     rl_steps = config.rl_steps or profile.rl.steps
     seed = profile.seed
     started = time.monotonic()
@@ -234,7 +233,7 @@ def warm_start(trainer, profile, config, tokenizer, renderer, tools, pad_id) -> 
         batch = [
             examples[rng.randrange(len(examples))] for _ in range(profile.warm_start.batch_size)
         ]
-        frame = sft_frame(collate(batch, pad_id=pad_id, max_seq_len=profile.max_seq_len))
+        frame = frames.sft_frame(collate(batch, pad_id=pad_id, max_seq_len=profile.max_seq_len))
         result, _ = trainer.train_step(frame, learning_rate=profile.warm_start.learning_rate)
         losses.append(result["avg_loss"])
         if step % 25 == 0 or step == steps:

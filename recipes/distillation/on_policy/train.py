@@ -20,14 +20,12 @@ import time
 
 import chz
 import torch
-from cortex_training import wire
 
-from cortex_recipes import profiles
+from cortex_recipes import frames, profiles
 from cortex_recipes.distill import teacher as teacher_lib
 from cortex_recipes.distill.profile import OPDProfile, load_opd_profile
 from cortex_recipes.models import load_tokenizer
-from cortex_recipes.payloads import RESPONSE_OPTIONS
-from cortex_recipes.rollouts import Rollout, rollouts_from_results, sampler_logprobs_shifted
+from cortex_recipes.rollouts import Rollout, rollouts_from_results
 from cortex_recipes.run import RunConfig, Trainer, profile_field
 from cortex_recipes.sampling import chat_prompt_ids, generate
 
@@ -47,7 +45,7 @@ class Config(RunConfig):
 def teacher_fingerprint(client, job_id: str, teacher_id: str, probe: list[int]) -> str:
     """Hash of the teacher's logprobs on a fixed probe: equal at start and end => teacher frozen."""
     response = client.forward(
-        job_id, teacher_lib.teacher_frame(torch.tensor([probe])), sub_job_id=teacher_id
+        job_id, frames.teacher_frame(torch.tensor([probe])), sub_job_id=teacher_id
     )
     logprobs = client.poll_request(job_id, response["request_id"])["post_process_outputs"][
         "logprobs"
@@ -66,9 +64,10 @@ def eval_reverse_kl(
 ) -> float:
     """Teacher reverse KL on a fixed prompt set with a fixed sampling seed: comparable across steps."""
     rollouts = rollout(client, job_id, prompts, {**params, "seed": 12345})
-    input_ids, mask, scores = teacher_lib.score(client, job_id, teacher, rollouts, pad_id)
-    behaviour = sampler_logprobs_shifted(rollouts, input_ids.shape[1])
-    return teacher_lib.reverse_kl_on_samples(behaviour, scores, mask)
+    batch = teacher_lib.score(client, job_id, teacher, rollouts, pad_id)
+    return teacher_lib.reverse_kl_on_samples(
+        batch.old_log_probs_shifted, batch.teacher_log_probs_shifted, batch.loss_mask
+    )
 
 
 def main(config: Config) -> dict:
@@ -89,11 +88,7 @@ def main(config: Config) -> dict:
         if line.strip()
     ]
     prompt_ids = [chat_prompt_ids(student_tok, p) for p in prompts]
-    pad_id = (
-        student_tok.pad_token_id
-        if student_tok.pad_token_id is not None
-        else student_tok.eos_token_id
-    )
+    pad_id = frames.pad_id(student_tok)
     rng = random.Random(profile.seed)
     started = time.time()
     params = {"max_tokens": profile.max_tokens, "temperature": profile.temperature}
@@ -120,33 +115,14 @@ def main(config: Config) -> dict:
             step_seed = profile.seed * 100_003 + step
             rollouts = rollout(client, job_id, batch, {**params, "seed": step_seed})
             t_gen = time.time()
-            input_ids, mask, teacher_scores = teacher_lib.score(
-                client, job_id, teacher, rollouts, pad_id
-            )
-            behaviour = sampler_logprobs_shifted(rollouts, input_ids.shape[1])
+            scored = teacher_lib.score(client, job_id, teacher, rollouts, pad_id)
+            mask, behaviour = scored.loss_mask, scored.old_log_probs_shifted
+            teacher_scores = scored.teacher_log_probs_shifted
             reverse_kl = teacher_lib.reverse_kl_on_samples(behaviour, teacher_scores, mask)
             baseline = teacher_lib.teacher_baseline(
                 behaviour, teacher_scores, mask, profile.grpo_config()
             )
-            frame = wire.dumps(
-                {
-                    "args": (),
-                    "kwargs": {"input_ids": input_ids},
-                    "context": {
-                        "input_ids": input_ids,
-                        "loss_mask": mask,
-                        "advantages": baseline,
-                        "old_log_probs_shifted": behaviour,
-                        "teacher_log_probs_shifted": teacher_scores,
-                    },
-                    "processing": {
-                        "loss_fn": "grpo",
-                        "post": ["compute_logprobs"],
-                        "config": profile.grpo_config(),
-                    },
-                },
-                metadata=RESPONSE_OPTIONS,
-            )
+            frame = frames.opd_frame(scored, baseline, profile.grpo_config())
             result, _ = trainer.train_step(frame)
             trainer.sync()  # to the student sampler only; the teacher stays frozen
             m = result["metrics"]

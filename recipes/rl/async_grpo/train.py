@@ -23,7 +23,7 @@ import time
 
 import chz
 
-from cortex_recipes import profiles
+from cortex_recipes import frames, profiles
 from cortex_recipes.models import load_tokenizer
 from cortex_recipes.profiles import ProfileError
 from cortex_recipes.reconnect import is_recoverable
@@ -138,7 +138,7 @@ def train(client, config, profile: GRPOProfile, run: Run, reconnects: int) -> di
     max_steps = config.max_steps or profile.max_steps
     lag = profile.lag_config()
     tokenizer = load_tokenizer(profile.model)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad_id = frames.pad_id(tokenizer)
     env, eval_env = profile.envs()
     order = task_order(profile.env.seed, env.size)
     latency = config.env_latency_s if config.env_latency_s >= 0 else profile.env.latency_s

@@ -26,7 +26,7 @@ import time
 
 import chz
 
-from cortex_recipes import profiles
+from cortex_recipes import frames, profiles
 from cortex_recipes.models import load_tokenizer
 from cortex_recipes.profiles import ProfileError
 from cortex_recipes.rl.grpo import ScoredGroup, greedy_eval, group_seed, grpo_frame, task_order
@@ -63,7 +63,7 @@ def main(config: Config) -> dict:
     if run.finished:
         return run.finished
     tokenizer = load_tokenizer(profile.model)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad_id = frames.pad_id(tokenizer)
     env, eval_env = profile.envs()
     order = task_order(profile.env.seed, env.size)
     evals = run.resume["evals"] if run.resume else []

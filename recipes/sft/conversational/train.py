@@ -19,7 +19,7 @@ import time
 
 import chz
 
-from cortex_recipes import payloads, profiles, sft
+from cortex_recipes import frames, profiles, sft
 from cortex_recipes.models import load_tokenizer
 from cortex_recipes.run import RunConfig, Trainer, profile_field
 from cortex_recipes.sampling import greedy_answers
@@ -77,10 +77,8 @@ def main(config: Config) -> dict:
         render_supervised(messages, tokenizer, renderer, profile.train_on_what)
         for messages in sft.load_conversations(profile.dataset_path)
     ]
-    pad_id = (
-        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    )
-    frame = payloads.legacy_labels_frame if config.legacy_labels else payloads.sft_frame
+    pad_id = frames.pad_id(tokenizer)
+    frame = frames.legacy_labels_frame if config.legacy_labels else frames.sft_frame
     state = run.resume or {"losses": [], "eval_before": None}
     losses = state["losses"]
     started = time.time()

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from cortex_training import wire
 
-from cortex_recipes.rollouts import Rollout, completion_mask, pad_rows
+from cortex_recipes import frames
+from cortex_recipes.rollouts import Rollout
 
 
 class TeacherScoreError(RuntimeError):
@@ -50,16 +50,6 @@ def check_same_tokenizer(student, teacher) -> None:
         )
 
 
-def teacher_frame(input_ids: torch.Tensor) -> bytes:
-    return wire.dumps(
-        {
-            "args": (),
-            "kwargs": {"input_ids": input_ids},
-            "processing": {"post": ["compute_logprobs"]},
-        }
-    )
-
-
 def extract_scores(result: dict, rollouts: Sequence[Rollout], width: int) -> TeacherScores:
     """Cut each row's completion scores out of a teacher ``forward`` result."""
     outputs = result.get("post_process_outputs") if isinstance(result, dict) else None
@@ -77,7 +67,7 @@ def extract_scores(result: dict, rollouts: Sequence[Rollout], width: int) -> Tea
         )
     offsets, values = [], []
     for r, rollout in enumerate(rollouts):
-        start = len(rollout.prompt_ids) - 1
+        start = frames.prediction_column(len(rollout.prompt_ids))  # scores completion token 0
         offsets.append(start)
         values.append(logprobs[r, start : start + len(rollout.completion_ids)].tolist())
     return TeacherScores(offsets, values)
@@ -118,17 +108,18 @@ def align_to_mask(scores: TeacherScores, loss_mask: torch.Tensor) -> torch.Tenso
 
 def score(
     client, job_id: str, teacher_sub_job_id: str, rollouts: Sequence[Rollout], pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Teacher-score rollouts: returns ``input_ids``, ``loss_mask`` and aligned teacher scores."""
-    input_ids = pad_rows([r.ids for r in rollouts], pad_id)
-    mask = completion_mask(rollouts, input_ids.shape[1])
-    response = client.forward(job_id, teacher_frame(input_ids), sub_job_id=teacher_sub_job_id)
+) -> frames.Batch:
+    """Teacher-score rollouts: their batch (mask, sampler logprobs) with aligned teacher scores."""
+    batch = frames.pad_batch([frames.rollout_row(r) for r in rollouts], pad_id)
+    response = client.forward(
+        job_id, frames.teacher_frame(batch.input_ids), sub_job_id=teacher_sub_job_id
+    )
     request_id = response.get("request_id") if isinstance(response, dict) else None
     if not request_id:
         raise TeacherScoreError(f"teacher forward returned no request_id: {str(response)[:200]}")
     result = client.poll_request(job_id, request_id)
-    scores = extract_scores(result, rollouts, input_ids.shape[1])
-    return input_ids, mask, align_to_mask(scores, mask)
+    scores = extract_scores(result, rollouts, batch.input_ids.shape[1])
+    return batch.with_teacher(align_to_mask(scores, batch.loss_mask))
 
 
 def reverse_kl_on_samples(

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cortex_recipes import frames
 from cortex_recipes.models import load_tokenizer, resolve_model_path
 from cortex_recipes.primerl import broadcasts
 from cortex_recipes.primerl.inference import InferenceAdapter
@@ -204,7 +205,7 @@ def run_primerl(client, profile, run, *, max_steps: int, job_id: str,
     output_dir.mkdir(parents=True, exist_ok=True)
     model_dir = resolve_model_path(profile.model)
     tokenizer = load_tokenizer(profile.model)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad_id = frames.pad_id(tokenizer)
     port = free_port()
     adapter = InferenceAdapter(
         client, job_id, model=str(model_dir), max_model_len=profile.max_seq_len,

@@ -15,7 +15,7 @@ Invariants:
 - rows are packed: a micro-batch holds several samples back to back, split by
   ``sequence_lengths``; every per-token field is token-aligned (entry ``t`` is about token
   ``t``), as prime-rl writes it. The next-token shift happens later, in one place
-  (:func:`cortex_recipes.supervision.next_token_mask`);
+  (:func:`cortex_recipes.frames.shift`);
 - features this trainer cannot honour (multimodal, routed experts, reference-KL and CE
   components, fractional ``rl_weights``) are refused, never silently dropped.
 """
@@ -61,7 +61,7 @@ class RolloutFileError(ValueError):
 
 
 @dataclass(frozen=True)
-class Row:
+class Sample:
     """One sample: token-aligned ids, trainable mask, advantages and sampler logprobs."""
 
     input_ids: list[int]
@@ -124,7 +124,7 @@ def check(batch: MicroBatch, index: int, path: Path) -> None:
             raise RolloutFileError(f"{where}: field {name}[{bad}] is not finite")
 
 
-def unpack(batch: MicroBatch) -> list[Row]:
+def unpack(batch: MicroBatch) -> list[Sample]:
     """Split a packed micro-batch into its samples (``rl_weights`` 0 removes a token)."""
     rows, start = [], 0
     for length in batch.sequence_lengths:
@@ -133,7 +133,7 @@ def unpack(batch: MicroBatch) -> list[Row]:
         if batch.rl_weights is not None:
             mask = [m and w > 0 for m, w in zip(mask, batch.rl_weights[start:end], strict=True)]
         rows.append(
-            Row(
+            Sample(
                 input_ids=list(batch.input_ids[start:end]),
                 loss_mask=mask,
                 advantages=list(batch.advantages[start:end]),
@@ -145,7 +145,7 @@ def unpack(batch: MicroBatch) -> list[Row]:
     return rows
 
 
-def read_rows(path: Path) -> list[Row]:
+def read_rows(path: Path) -> list[Sample]:
     """Every sample of a rollout file that has a trainable token, in file order."""
     path = Path(path)
     batches = decode(path.read_bytes(), path)

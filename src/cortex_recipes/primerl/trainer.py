@@ -16,8 +16,9 @@ trainer's ``broadcasts/step_<v>/STABLE`` (versions from 0). This adapter plays t
    version ``N``.
 
 Metrics (one JSON object per step in ``<output_dir>/cortex/trainer_metrics.jsonl``): loss,
-``mismatch_kl/mean``, ``time/wait_for_batch``, ``time/wait_for_sync``, ``time/train``,
-``time/save_ckpt``, and the version published. Temperatures are not sent: the Cortex sampler
+``mismatch_kl/mean``, ``time/step`` (the whole step, waits and save included),
+``time/wait_for_batch``, ``time/wait_for_sync``, ``time/train``, ``time/save_ckpt``, and the
+version published. Temperatures are not sent: the Cortex sampler
 returns raw (unscaled) logprobs, which is what the trainer computes at temperature 1.
 """
 
@@ -31,15 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from cortex_training import wire
-
-from cortex_recipes.payloads import RESPONSE_OPTIONS
+from cortex_recipes import frames
 from cortex_recipes.primerl import broadcasts
-from cortex_recipes.primerl.rollout_files import Row, read_rows, rollout_path
-from cortex_recipes.rl.grpo import GRPO_DEFAULTS
-from cortex_recipes.rollouts import pad_rows
-from cortex_recipes.supervision import next_token_mask
+from cortex_recipes.primerl.rollout_files import Sample, read_rows, rollout_path
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +46,7 @@ class TrainerAdapterConfig:
     output_dir: Path  # prime-rl's orchestrator output_dir (rollouts/ and broadcasts/ live here)
     job_id: str  # a running Cortex job with one training and one sampling sub-job
     max_steps: int
-    pad_id: int = 0
+    pad_id: int  # frames.pad_id(tokenizer): the one pad-id rule
     loss_config: dict[str, Any] = field(default_factory=dict)
     learning_rate: float | None = None
     rank: int = 0
@@ -66,39 +61,23 @@ class TrainerAdapterConfig:
     final_sync_timeout_s: float = 30.0
 
 
-def prediction_aligned(values: Sequence[float], width: int) -> torch.Tensor:
-    """Token-aligned values -> one prediction-aligned row of ``width`` (the one shift)."""
-    row = next_token_mask([float(v) for v in values])
-    out = torch.zeros(width)
-    out[: len(row)] = torch.tensor(row)
-    return out
+def sample_row(row: Sample) -> frames.Row:
+    """A prime-rl sample as a training row (its fields are already token-aligned)."""
+    return frames.Row(
+        token_ids=list(row.input_ids),
+        weights=[1.0 if m else 0.0 for m in row.loss_mask],
+        advantages=[float(a) for a in row.advantages],
+        sampler_logprobs=[float(x) for x in row.inference_logprobs],
+    )
 
 
 def grpo_rows_frame(
-    rows: Sequence[Row], pad_id: int, loss_config: dict[str, Any]
+    rows: Sequence[Sample], pad_id: int, loss_config: dict[str, Any]
 ) -> tuple[bytes, dict[str, Any]]:
     """One ``grpo`` forward-backward frame from prime-rl samples, and what it holds."""
-    input_ids = pad_rows([r.input_ids for r in rows], pad_id)
-    width = input_ids.shape[1]
-    mask = torch.stack(
-        [prediction_aligned([1.0 if m else 0.0 for m in r.loss_mask], width) for r in rows]
-    )
-    advantages = torch.stack([prediction_aligned(r.advantages, width) for r in rows]) * mask
-    old = torch.stack([prediction_aligned(r.inference_logprobs, width) for r in rows]) * mask
-    frame = wire.dumps(
-        {
-            "args": (),
-            "kwargs": {"input_ids": input_ids},
-            "context": {
-                "input_ids": input_ids,
-                "loss_mask": mask,
-                "advantages": advantages,
-                "old_log_probs_shifted": old,
-            },
-            "processing": {"loss_fn": "grpo", "config": {**GRPO_DEFAULTS, **loss_config}},
-        },
-        metadata=RESPONSE_OPTIONS,
-    )
+    batch = frames.pad_batch([sample_row(r) for r in rows], pad_id)
+    frame = frames.grpo_frame(batch, loss_config)
+    mask, advantages = batch.loss_mask, batch.advantages
     stats = {
         "samples": len(rows),
         "trainable_tokens": int(mask.sum()),
@@ -183,6 +162,7 @@ class TrainerAdapter:
             raise RuntimeError(
                 f"step={step} needs version {step - 1}; trainer holds {self.version}"
             )
+        t_step = time.monotonic()
         path = rollout_path(self.output_dir, step, config.rank)
         waited = broadcasts.wait_for(
             path.is_file, timeout_s=config.batch_timeout_s, poll_s=config.poll_s, what=str(path)
@@ -211,6 +191,7 @@ class TrainerAdapter:
             "time/wait_for_sync": round(synced, 3),
             "time/train": round(train_s, 3),
             **saved,
+            "time/step": round(time.monotonic() - t_step, 3),
         }
         metrics = self.output_dir / "cortex" / METRICS
         metrics.parent.mkdir(parents=True, exist_ok=True)
@@ -238,7 +219,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--job-id", required=True)
     parser.add_argument("--output-dir", required=True, type=Path)
     parser.add_argument("--max-steps", required=True, type=int)
-    parser.add_argument("--pad-id", type=int, default=0)
+    parser.add_argument(
+        "--pad-id", type=int, required=True, help="frames.pad_id of the model's tokenizer"
+    )
     parser.add_argument("--learning-rate", type=float, default=None)
     parser.add_argument("--loss-config", default="{}", help="grpo processor config (JSON)")
     args = parser.parse_args(argv)

@@ -14,20 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from cortex_training import wire
-
-from cortex_recipes.payloads import RESPONSE_OPTIONS
-from cortex_recipes.rollouts import (
-    Rollout,
-    completion_mask,
-    pad_rows,
-    rollouts_from_results,
-    sampler_logprobs_shifted,
-)
+from cortex_recipes import frames
+from cortex_recipes.rollouts import Rollout, rollouts_from_results
 from cortex_recipes.sampling import generate
-
-GRPO_DEFAULTS = {"eps_clip": 0.2, "loss_agg_mode": "token-mean"}
 
 
 @dataclass
@@ -73,34 +62,20 @@ def grpo_frame(
 ) -> tuple[bytes, dict[str, float]]:
     """The forward-backward frame for one training step, and what it contains."""
     rollouts = [r for g in groups for r in g.rollouts]
-    advantages = torch.tensor([a for g in groups for a in g.advantages])
-    input_ids = pad_rows([r.ids for r in rollouts], pad_id)
-    width = input_ids.shape[1]
-    mask = completion_mask(rollouts, width)
-    frame = wire.dumps(
-        {
-            "args": (),
-            "kwargs": {"input_ids": input_ids},
-            "context": {
-                "input_ids": input_ids,
-                "loss_mask": mask,
-                "advantages": advantages[:, None] * mask,
-                "old_log_probs_shifted": sampler_logprobs_shifted(rollouts, width),
-            },
-            "processing": {
-                "loss_fn": "grpo",
-                "config": {**GRPO_DEFAULTS, **loss_config},
-            },
-        },
-        metadata=RESPONSE_OPTIONS,
-    )
+    rows = [
+        frames.rollout_row(r, advantage)
+        for g in groups
+        for r, advantage in zip(g.rollouts, g.advantages, strict=True)
+    ]
+    batch = frames.pad_batch(rows, pad_id)
+    frame = frames.grpo_frame(batch, loss_config)
     rewards = [x for g in groups for x in g.rewards]
     digest = hashlib.sha256(json.dumps([r.completion_ids for r in rollouts]).encode())
     stats = {
         "rollouts/sha256": digest.hexdigest()[:16],
         "reward/mean": sum(rewards) / len(rewards),
         "progress/rollouts": len(rollouts),
-        "progress/output_tokens": int(mask.sum()),
+        "progress/output_tokens": int(batch.loss_mask.sum()),
         "groups/uniform_fraction": sum(len(set(g.rewards)) == 1 for g in groups) / len(groups),
     }
     return frame, stats

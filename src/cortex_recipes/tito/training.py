@@ -1,9 +1,10 @@
 """Training rows for the TITO journey: tool-use demonstrations (SFT) and episodes (RL).
 
-Episodes train with the ``grpo`` processor on exactly the tokens the model sampled: the
-prediction-aligned ``loss_mask`` is the trace's ``sampled_mask`` shifted by one, so tool
-results, user text and template scaffolding are context only. Sampler logprobs become
-``old_log_probs_shifted`` on the same columns. Demonstrations use the SFT journey's library
+Episodes train with the ``grpo`` processor on exactly the tokens the model sampled: an
+episode becomes a :class:`cortex_recipes.frames.Row` weighted by the trace's ``sampled_mask``,
+so after the one shift (:func:`cortex_recipes.frames.shift`) tool results, user text and
+template scaffolding are context only. Sampler logprobs become ``old_log_probs_shifted`` on
+the same columns. Demonstrations use the SFT journey's library
 (renderer weights -> next-token mask -> ``causal_cross_entropy``).
 """
 
@@ -15,12 +16,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from cortex_training import wire
 
+from cortex_recipes import frames
 from cortex_recipes.envs.glossary import FACTS, TOOL_NAME, prompt_for
-from cortex_recipes.payloads import RESPONSE_OPTIONS
 from cortex_recipes.rl.grpo import group_advantages
-from cortex_recipes.supervision import TrainOnWhat, next_token_mask, render_supervised
+from cortex_recipes.supervision import TrainOnWhat, render_supervised
 from cortex_recipes.tito.episode import Episode
 
 
@@ -69,13 +69,14 @@ def demonstrations(tokenizer, renderer, tools) -> list:
     ]
 
 
-def shifted(values: Sequence[float], width: int) -> torch.Tensor:
-    """Token-aligned values -> a prediction-aligned row of ``width`` (the one shift:
-    :func:`cortex_recipes.supervision.next_token_mask`)."""
-    row = next_token_mask([float(v) for v in values])
-    out = torch.zeros(width)
-    out[: len(row)] = torch.tensor(row)
-    return out
+def episode_row(episode: Episode, advantage: float) -> frames.Row:
+    """An episode as a training row: weight 1 on the tokens the model sampled, else context."""
+    return frames.Row(
+        token_ids=list(episode.token_ids),
+        weights=[1.0 if m else 0.0 for m in episode.sampled_mask],
+        advantages=[float(advantage)] * len(episode.token_ids),
+        sampler_logprobs=[float(x) for x in episode.logprobs],
+    )
 
 
 def episode_frame(
@@ -84,32 +85,10 @@ def episode_frame(
     """One grpo frame from groups of episodes of the same task (group-relative advantages)."""
     episodes = [e for g in groups for e in g]
     advantages = [a for g in groups for a in group_advantages([e.reward for e in g])]
-    width = max(len(e.token_ids) for e in episodes)
-    input_ids = torch.full((len(episodes), width), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(episodes), width)
-    old = torch.zeros(len(episodes), width)
-    for r, episode in enumerate(episodes):
-        input_ids[r, : len(episode.token_ids)] = torch.tensor(episode.token_ids)
-        mask[r] = shifted([1.0 if m else 0.0 for m in episode.sampled_mask], width)
-        old[r] = shifted(episode.logprobs, width)
-    adv = torch.tensor(advantages)[:, None] * mask
-    frame = wire.dumps(
-        {
-            "args": (),
-            "kwargs": {"input_ids": input_ids},
-            "context": {
-                "input_ids": input_ids,
-                "loss_mask": mask,
-                "advantages": adv,
-                "old_log_probs_shifted": old,
-            },
-            "processing": {
-                "loss_fn": "grpo",
-                "config": {"eps_clip": 0.2, "loss_agg_mode": "token-mean", **loss_config},
-            },
-        },
-        metadata=RESPONSE_OPTIONS,
-    )
+    rows = [episode_row(e, a) for e, a in zip(episodes, advantages, strict=True)]
+    batch = frames.pad_batch(rows, pad_id)
+    frame = frames.grpo_frame(batch, loss_config)
+    input_ids, mask = batch.input_ids, batch.loss_mask
     stats = {
         "reward/mean": sum(e.reward for e in episodes) / len(episodes),
         "episodes": len(episodes),
