@@ -330,4 +330,7 @@ def entrypoint(config_cls: type, profile_cls: type, argv: Sequence[str] | None =
     config = chz.entrypoint(config_cls, argv=config_args)
     if profile_args:
         config = chz.replace(config, overrides=(*config.overrides, *profile_args))
+    from cortex_recipes import progress
+
+    progress.configure(getattr(config, "progress", True))  # the command line asks; tests don't
     return config
