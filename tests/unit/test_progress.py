@@ -63,7 +63,7 @@ def test_a_run_step_bar_advances_with_metrics_and_shows_the_loss(terminal, tmp_p
         run.metrics(**{**sft_record(step), "loss": 2.5 / step})
     run.close_progress()
     shown = shown.getvalue()
-    assert "1/3" in shown and "3/3" in shown and "loss=0.833" in shown
+    assert "0/3" in shown and "3/3" in shown and "loss=0.833" in shown  # tqdm may skip 1/3
     assert "<" in shown  # tqdm's elapsed<remaining: the ETA
 
 
