@@ -1,4 +1,5 @@
-"""`cortex-recipes` command line. Prints results to stdout; everything else goes to logging."""
+"""`cortex-recipes` command line (`list`, `models`, `serve`, `validate`, `qualify`, `journey`,
+`export`, `catalog`, `--version`). Prints results to stdout; everything else goes to logging."""
 
 from __future__ import annotations
 
@@ -124,7 +125,11 @@ def _cmd_qualify(args: argparse.Namespace) -> int:
 def _qualify_one(root: Path, journey: str, profile: str, overrides: list[str]) -> int:
     command = qualification_command(root, journey, profile, overrides)
     log.info("running %s in %s", " ".join(command), root)
-    returncode = subprocess.run(command, cwd=root, check=False).returncode
+    from cortex_recipes import progress
+
+    env = {**os.environ}
+    env.setdefault(progress.ENV, "1")  # the runs' bars, when stderr is a terminal
+    returncode = subprocess.run(command, cwd=root, check=False, env=env).returncode
     if returncode != 0:
         log.error("qualification of %s %s failed (exit %d)", journey, profile, returncode)
         return returncode
@@ -167,6 +172,25 @@ def journey_command(root: Path, verb: str, journey_name: str, extra: list[str]) 
     return command
 
 
+def _cmd_list(args: argparse.Namespace) -> int:
+    from cortex_recipes.listing import journey_rows, render
+
+    sys.stdout.write(render(journey_rows(_root(args)), wide=args.wide))
+    return 0
+
+
+def version() -> str:
+    """This package's version and the SDK version it is qualified against."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        sdk = installed("cortex-training")
+    except PackageNotFoundError:
+        sdk = "not installed"
+    return f"cortex-recipes {installed('cortex-recipes')} (cortex-training {sdk})"
+
+
 def _cmd_journey(args: argparse.Namespace) -> int:
     root = _root(args)
     command = journey_command(root, args.verb, args.journey, args.overrides)
@@ -189,7 +213,17 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cortex-recipes")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser.add_argument("--version", action="version", version=version())
     commands = parser.add_subparsers(dest="command", required=True)
+
+    listing = commands.add_parser(
+        "list",
+        help="each journey, its profiles, their hardware and validation status",
+        description="Read from journeys.toml and each journey's recipe.yaml; one line a profile.",
+    )
+    listing.add_argument("--wide", action="store_true", help="also print each profile's purpose")
+    listing.add_argument("--root", help="repository root (default: the nearest journeys.toml)")
+    listing.set_defaults(func=_cmd_list)
 
     models = commands.add_parser("models", help="offline model fixtures and local hub models")
     model_commands = models.add_subparsers(dest="models_command", required=True)

@@ -319,6 +319,7 @@ def entrypoint(config_cls: type, profile_cls: type, argv: Sequence[str] | None =
     and defaults, on stdout (this is the command-line layer; the library itself only logs)."""
     import chz
 
+    from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("--help", "-h") for a in argv):
         journey_help = chz.Blueprint(config_cls).get_help(color=False)
@@ -330,4 +331,8 @@ def entrypoint(config_cls: type, profile_cls: type, argv: Sequence[str] | None =
     config = chz.entrypoint(config_cls, argv=config_args)
     if profile_args:
         config = chz.replace(config, overrides=(*config.overrides, *profile_args))
+    if from_command_line:  # a person's command asks for progress bars; a test passing argv not
+        from cortex_recipes import progress
+
+        progress.configure(getattr(config, "progress", True))
     return config

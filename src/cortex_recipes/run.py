@@ -4,6 +4,7 @@ A run lives in ``runs/<journey>/<run name>/`` (the run name defaults to the prof
 ``log_path=`` names any other folder) and keeps everything after it ends:
 
 - ``config.json``: the journey config, the profile, its ``config_hash``, the code revision;
+- ``rollouts.jsonl``: what RL, OPD and TITO runs sampled (:mod:`cortex_recipes.completions`);
 - ``metrics.jsonl``: one JSON object a step, checked against the journey's record in
   ``metrics_schema.json`` before it is written (:mod:`cortex_recipes.metrics`,
   docs/metrics.md); ``checkpoints.jsonl``: one per save;
@@ -11,6 +12,8 @@ A run lives in ``runs/<journey>/<run name>/`` (the run name defaults to the prof
   the same step (written atomically: temp file, fsync, rename; a step folder without the file
   is incomplete and ignored);
 - ``summary.json``: written when the run finishes;
+- ``debug.log``: what the SDK prints (every operation body), kept off the console
+  (:mod:`cortex_recipes.console`);
 - ``backend/``: the local backend's state (trainer checkpoints, worker and server logs) when
   the connection is ``local``.
 
@@ -28,7 +31,7 @@ Invariants this module keeps:
 
 Every journey's command-line ``Config`` subclasses :class:`RunConfig`, which holds the fields
 they share (``profile``, ``connection``, ``run_name``, ``log_path``, ``if_exists``,
-``overrides``); a journey adds its own and sets its default profile with :func:`profile_field`.
+``overrides``, ``progress``); a journey adds its own and sets its default profile with :func:`profile_field`.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ RUNS_ROOT = Path("runs")
 STATE_FILE = "state.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _RECORDS = ("config.json", "metrics.jsonl", "checkpoints.jsonl", "summary.json")
+_LOGS = ("debug.log", "rollouts.jsonl")  # removed with the run; on their own no run
 
 
 class CheckpointError(RuntimeError):
@@ -105,6 +109,10 @@ class RunConfig:
     )
     overrides: tuple[str, ...] = chz.field(
         default=(), doc="profile overrides: the command line's other key=value"
+    )
+    progress: bool = chz.field(
+        default=True,
+        doc="live progress bars on stderr when it is a terminal (CORTEX_RECIPES_PROGRESS=0: off)",
     )
 
     def open_run(self, journey: str, profile: Any) -> Run:
@@ -191,6 +199,7 @@ class Run:
         self.resume = resume
         self.resumed_from_step: int | None = resume["step"] if resume else None
         self.finished: dict[str, Any] | None = None
+        self._progress: Any = None
 
     @property
     def backend_dir(self) -> Path:
@@ -210,6 +219,22 @@ class Run:
         written."""
         validate_record(schema or self.journey, record)
         self._append("metrics.jsonl", record)
+        if self._progress is not None:
+            self._progress.update(record)
+
+    def track_steps(self, total: int) -> None:
+        """Show a training-step bar of ``total`` steps (when progress is on, see
+        :mod:`cortex_recipes.progress`), advanced by each metrics record's ``step``."""
+        from cortex_recipes.progress import StepProgress
+
+        self.close_progress()
+        done = max((m.get("step", 0) for m in self.read_metrics()), default=0)
+        self._progress = StepProgress(total, desc=f"{self.journey} {self.path.name}", done=done)
+
+    def close_progress(self) -> None:
+        if self._progress is not None:
+            self._progress.close()
+            self._progress = None
 
     def read_metrics(self) -> list[dict[str, Any]]:
         path = self.path / "metrics.jsonl"
@@ -221,6 +246,7 @@ class Run:
         self._append("checkpoints.jsonl", {**record, "time": time.time()})
 
     def summary(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.close_progress()
         data = {**data, "run_dir": str(self.path), "git_revision": git_revision()}
         _write_json_atomic(self.path / "summary.json", data)
         return data
@@ -230,7 +256,7 @@ class Run:
         the records of later steps."""
         latest = self.checkpoints.latest()
         if latest is not None:
-            for name in ("metrics.jsonl", "checkpoints.jsonl"):
+            for name in ("metrics.jsonl", "checkpoints.jsonl", "rollouts.jsonl"):
                 self._truncate(name, latest["step"])
             (self.path / "summary.json").unlink(missing_ok=True)
         self.resume = latest
@@ -255,15 +281,23 @@ class Run:
         self, connection: str, *, client_options: dict[str, Any] | None = None
     ) -> Iterator[Any]:
         """A client whose errors name the server's message, and whose jobs are cancelled when
-        the block ends, however it ends. A local backend keeps its state in ``backend/``."""
+        the block ends, however it ends. A local backend keeps its state in ``backend/``; the
+        SDK's stdout lines go to ``debug.log`` while the block is open."""
+        from cortex_recipes.console import DEBUG_LOG, sdk_output_to
         from cortex_recipes.endpoint import LOCAL, connect
+        from cortex_recipes.progress import logging_above_bars
 
         state_dir = self.backend_dir if connection == LOCAL else None
-        with connect(connection, state_dir=state_dir, client_options=client_options) as client:
+        with (
+            sdk_output_to(self.path / DEBUG_LOG),
+            connect(connection, state_dir=state_dir, client_options=client_options) as client,
+        ):
             explained = ExplainedClient(client)
             try:
-                yield explained
+                with logging_above_bars():
+                    yield explained
             finally:
+                self.close_progress()
                 explained.cancel_open_jobs()
 
 
@@ -297,7 +331,7 @@ def open_run(
         )
     if existing and if_exists == "overwrite":
         log.info("if_exists=overwrite: removing the run in %s", path)
-        for name in _RECORDS:
+        for name in (*_RECORDS, *_LOGS):
             (path / name).unlink(missing_ok=True)
         checkpoints.clear()
         shutil.rmtree(path / "backend", ignore_errors=True)

@@ -30,5 +30,9 @@ def greedy_answers(
         "temperature": 0.0,
         "stop_token_ids": [tokenizer.eos_token_id],
     }
-    results = generate(client, job_id, [chat_prompt_ids(tokenizer, q) for q in questions], params)
+    from cortex_recipes.progress import task
+
+    prompts = [chat_prompt_ids(tokenizer, q) for q in questions]
+    with task(f"eval: {len(prompts)} greedy answers"):
+        results = generate(client, job_id, prompts, params)
     return [tokenizer.decode(r["token_ids"], skip_special_tokens=True).strip() for r in results]

@@ -75,6 +75,10 @@ def test_async_smoke_overlaps_rollouts_with_training_within_the_lag_bound(tmp_pa
     assert any(r["off_policy/max"] == 1 for r in records), "sampling never ran ahead"
     assert [e["step"] for e in summary["eval_accuracy"]] == [0, 2, 4]
     assert RunCheckpoints(tmp_path / "checkpoints").steps() == [1, 2, 3, 4]
+    written = rollouts(tmp_path)
+    by_step = {r["step"]: r["policy_version"] for r in written if r["group"] == 0}
+    assert sorted(by_step) == [1, 2, 3, 4]
+    assert all(by_step[s] == records[s - 1]["rollout_policy_versions"][0] for s in by_step)
 
 
 def test_async_run_resumes_after_sigkill_without_repeating_or_skipping_steps(tmp_path):
@@ -146,10 +150,21 @@ def test_resuming_with_a_changed_profile_is_refused(tmp_path):
     assert RunCheckpoints(tmp_path / "checkpoints").steps() == [3]  # nothing saved was lost
 
 
+def rollouts(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+
+
 def test_math_grpo_smoke_runs_twice_with_identical_numbers(tmp_path):
-    first = run(
-        "recipes.rl.math_grpo.train", profile=SYNC_SMOKE, log_path=tmp_path / "a", max_steps=2
-    )
+    out = subprocess.run(
+        command(
+            "recipes.rl.math_grpo.train", profile=SYNC_SMOKE, log_path=tmp_path / "a", max_steps=2
+        ),
+        cwd=ROOT, check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    first = json.loads((tmp_path / "a" / "summary.json").read_text())
+    # The SDK's operation bodies (weight_sync) go to the run's debug log, not the console.
+    assert "***** POST operation" not in out.stdout + out.stderr
+    assert "***** POST operation" in (tmp_path / "a" / "debug.log").read_text()
     second = run(
         "recipes.rl.math_grpo.train", profile=SYNC_SMOKE, log_path=tmp_path / "b", max_steps=2
     )
@@ -161,6 +176,11 @@ def test_math_grpo_smoke_runs_twice_with_identical_numbers(tmp_path):
     assert a[0]["rollouts/sha256"] != a[1]["rollouts/sha256"]
     assert [m["mismatch_kl/mean"] for m in a] == [m["mismatch_kl/mean"] for m in b]
     assert all(m["policy_version"] == m["step"] for m in a)
+    written = rollouts(tmp_path / "a")  # each step's first group (rollouts_rate=0)
+    assert [(r["step"], r["group"]) for r in written] == [(1, 0)] * 4 + [(2, 0)] * 4
+    assert all(r["policy_version"] == r["step"] - 1 for r in written)
+    assert all(r["completion_ids"] and isinstance(r["reward"], float) for r in written)
+    assert written == rollouts(tmp_path / "b")
 
     extended = run(
         "recipes.rl.math_grpo.train", profile=SYNC_SMOKE, log_path=tmp_path / "a", max_steps=3

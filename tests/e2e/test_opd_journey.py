@@ -18,3 +18,6 @@ def test_opd_two_steps_score_every_sampled_token_and_keep_the_teacher_frozen(tmp
         assert m["teacher_reverse_kl"] == m["teacher_reverse_kl"]  # finite, not NaN
     # main() re-checks the teacher's fingerprint after training and raises if it moved.
     assert summary["teacher_fingerprint"] and summary["checkpoint_id"].startswith("cp_")
+    written = [json.loads(x) for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in written if r["group"] == 0] == [1, 2]
+    assert all(r["reward"] is None and "teacher_reverse_kl" in r for r in written)

@@ -14,9 +14,13 @@ from tests.e2e.test_grpo_journeys import ROOT, command, metrics, run
 
 pytestmark = pytest.mark.e2e
 
-JOURNEYS = {  # module, steps (OPD's default profile runs SmolLM2: kept short)
-    "sft": ("recipes.sft.conversational.train", 3),
-    "opd": ("recipes.distillation.on_policy.train", 2),
+JOURNEYS = {  # module, steps, overrides (the default profiles run SmolLM2: kept short)
+    "sft": (
+        "recipes.sft.conversational.train",
+        3,
+        {"profile": "recipes/sft/conversational/configs/local-cpu-tiny-qwen3.json"},
+    ),
+    "opd": ("recipes.distillation.on_policy.train", 2, {}),
 }
 
 
@@ -30,8 +34,8 @@ def wait_for_checkpoint(proc, run_dir, step: int, timeout: float = 600.0) -> Non
 
 @pytest.mark.parametrize("journey", sorted(JOURNEYS))
 def test_a_killed_run_resumes_and_matches_an_uninterrupted_one(journey, tmp_path):
-    module, steps = JOURNEYS[journey]
-    args = {"steps": steps, "ckpt_interval": 1}
+    module, steps, overrides = JOURNEYS[journey]
+    args = {"steps": steps, "ckpt_interval": 1, **overrides}
     whole = run(module, log_path=tmp_path / "whole", **args)
 
     killed = tmp_path / "killed"

@@ -8,9 +8,13 @@ from recipes.sft.conversational.train import Config, main
 
 pytestmark = pytest.mark.e2e
 
+SMOKE = "recipes/sft/conversational/configs/local-cpu-tiny-qwen3.json"  # the default: SmolLM2
 
-def test_sft_smoke_runs_writes_metrics_and_is_deterministic(tmp_path):
-    runs = [main(Config(log_path=str(tmp_path / f"run{i}"))) for i in range(2)]
+
+def test_sft_smoke_runs_writes_metrics_and_is_deterministic(tmp_path, capsys):
+    runs = [main(Config(profile=SMOKE, log_path=str(tmp_path / f"run{i}"))) for i in range(2)]
+    assert "***** POST" not in capsys.readouterr().out  # the SDK's prints: debug.log
+    assert (tmp_path / "run0" / "debug.log").is_file()
     assert runs[0]["losses"] == runs[1]["losses"]
     assert runs[0]["losses"][-1] < runs[0]["losses"][0]
     metrics = [
@@ -30,7 +34,7 @@ def test_sft_smoke_runs_writes_metrics_and_is_deterministic(tmp_path):
 
 
 def test_rerunning_a_finished_sft_run_returns_it_without_training_again(tmp_path):
-    first = main(Config(log_path=str(tmp_path)))
+    first = main(Config(profile=SMOKE, log_path=str(tmp_path)))
     metrics_before = (tmp_path / "metrics.jsonl").read_text()
-    again = main(Config(log_path=str(tmp_path)))  # if_exists=resume, the default
+    again = main(Config(profile=SMOKE, log_path=str(tmp_path)))  # if_exists=resume, the default
     assert again == first and (tmp_path / "metrics.jsonl").read_text() == metrics_before

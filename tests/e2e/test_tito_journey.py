@@ -34,6 +34,12 @@ def test_tito_run_trains_on_action_masks_and_resumes_with_the_same_masks(tmp_pat
         json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()
     ]
     assert all(r["episodes"] == 4 and r["loss"] is not None for r in records)
+    written = [
+        json.loads(x) for x in (tmp_path / "full" / "rollouts.jsonl").read_text().splitlines()
+    ]
+    assert sorted({r["step"] for r in written if r["group"] == 0}) == [1, 2, 3]
+    assert all(r["turns"] and isinstance(r["tool_calls"], list) for r in written)
+    assert all(r["turns"][0]["prompt_ids"] == r["prompt_ids"] for r in written)
 
     copy_run_until(tmp_path / "full", tmp_path / "resumed", 1)
     resumed = main(

@@ -30,7 +30,7 @@ import verifiers.v1 as vf
 from verifiers.v1.clients import resolve_client
 from verifiers.v1.configs.client import TrainClientConfig
 
-from cortex_recipes import frames, profiles
+from cortex_recipes import completions, frames, profiles, progress
 from cortex_recipes.envs.glossary import (
     GlossaryConfig,
     GlossaryTaskset,
@@ -57,6 +57,7 @@ GATEWAY_KEY_ENV = (
 class Config(RunConfig):
     profile: str = profile_field(DEFAULT_PROFILE)
     rl_steps: int = chz.field(default=0, doc="0: the profile's rl.steps")
+    rollouts_rate: float = completions.rate_field()
     warm_start_steps: int = chz.field(default=-1, doc="< 0: the profile's warm_start.steps")
     stop_after_step: int = chz.field(
         default=0, doc="> 0: stop after this RL step (an interruption, for resume checks)"
@@ -84,6 +85,7 @@ def main(config: Config) -> dict:
     pad_id = frames.pad_id(tokenizer)
     rl_steps = config.rl_steps or profile.rl.steps
     seed = profile.seed
+    written = completions.RolloutWriter(run.path, tokenizer, rate=config.rollouts_rate)
     started = time.monotonic()
 
     with run.connect(config.connection) as client:
@@ -141,6 +143,7 @@ def main(config: Config) -> dict:
                 state["eval_before_rl"] = greedy_eval(play, tasks, seed)
                 log.info("eval after warm start: %s", state["eval_before_rl"])
             first = resume["step"] + 1 if resume else 1
+            run.track_steps(rl_steps)
             for step in range(first, rl_steps + 1):
                 t0 = time.monotonic()
                 chosen = pick_tasks(tasks, profile.rl.tasks_per_step, seed, step)
@@ -151,6 +154,10 @@ def main(config: Config) -> dict:
                     ]
                     for task in chosen
                 ]
+                for k, episodes in enumerate(groups):  # one task's episodes, this step's policy
+                    written.write_episodes(
+                        step=step, group=k, policy_version=step - 1, episodes=episodes
+                    )
                 frame, stats = episode_frame(groups, pad_id, {"eps_clip": profile.rl.eps_clip})
                 result, _ = trainer.train_step(frame, learning_rate=profile.rl.learning_rate)
                 trainer.sync()
@@ -213,7 +220,10 @@ def pick_tasks(tasks: list, n: int, seed: int, step: int) -> list:
 
 
 def greedy_eval(play, tasks: list, seed: int) -> dict:
-    episodes = [play(task, f"eval-{seed}-{task.data.idx}", 0.0) for task in tasks]
+    episodes = [
+        play(task, f"eval-{seed}-{task.data.idx}", 0.0)
+        for task in progress.bar(tasks, desc="tito eval", unit="episode")
+    ]
     n = len(episodes)
     return {
         "reward": sum(e.reward for e in episodes) / n,
@@ -229,7 +239,7 @@ def warm_start(trainer, profile, config, tokenizer, renderer, tools, pad_id) -> 
     examples = demonstrations(tokenizer, renderer, tools)
     rng = random.Random(profile.seed)
     losses = []
-    for step in range(1, steps + 1):
+    for step in progress.bar(range(1, steps + 1), desc="tito warm start"):
         batch = [
             examples[rng.randrange(len(examples))] for _ in range(profile.warm_start.batch_size)
         ]

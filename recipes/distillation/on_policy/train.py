@@ -21,7 +21,7 @@ import time
 import chz
 import torch
 
-from cortex_recipes import frames, profiles
+from cortex_recipes import completions, frames, profiles, progress
 from cortex_recipes.distill import teacher as teacher_lib
 from cortex_recipes.distill.profile import OPDProfile, load_opd_profile
 from cortex_recipes.models import load_tokenizer
@@ -37,6 +37,7 @@ DEFAULT_PROFILE = "recipes/distillation/on_policy/configs/local-cpu-smollm2-teac
 class Config(RunConfig):
     profile: str = profile_field(DEFAULT_PROFILE)
     steps: int = chz.field(default=0, doc="0: the profile's steps")
+    rollouts_rate: float = completions.rate_field()
     ckpt_interval: int = chz.field(
         default=0, doc="> 0: a resumable save every this many steps (a resume point)"
     )
@@ -63,8 +64,9 @@ def eval_reverse_kl(
     client, job_id: str, teacher: str, prompts: list[list[int]], params: dict, pad_id: int
 ) -> float:
     """Teacher reverse KL on a fixed prompt set with a fixed sampling seed: comparable across steps."""
-    rollouts = rollout(client, job_id, prompts, {**params, "seed": 12345})
-    batch = teacher_lib.score(client, job_id, teacher, rollouts, pad_id)
+    with progress.task(f"eval: teacher reverse KL on {len(prompts)} prompts"):
+        rollouts = rollout(client, job_id, prompts, {**params, "seed": 12345})
+        batch = teacher_lib.score(client, job_id, teacher, rollouts, pad_id)
     return teacher_lib.reverse_kl_on_samples(
         batch.old_log_probs_shifted, batch.teacher_log_probs_shifted, batch.loss_mask
     )
@@ -90,6 +92,7 @@ def main(config: Config) -> dict:
     prompt_ids = [chat_prompt_ids(student_tok, p) for p in prompts]
     pad_id = frames.pad_id(student_tok)
     rng = random.Random(profile.seed)
+    written = completions.RolloutWriter(run.path, student_tok, rate=config.rollouts_rate)
     started = time.time()
     params = {"max_tokens": profile.max_tokens, "temperature": profile.temperature}
 
@@ -107,6 +110,7 @@ def main(config: Config) -> dict:
             eval_kls = [eval_reverse_kl(client, job_id, teacher, prompt_ids, params, pad_id)]
             log.info("eval teacher reverse KL before training %.3f", eval_kls[0])
 
+        run.track_steps(steps)
         for step in range((run.resumed_from_step or 0) + 1, steps + 1):
             t0 = time.time()
             batch = [
@@ -122,6 +126,15 @@ def main(config: Config) -> dict:
             baseline = teacher_lib.teacher_baseline(
                 behaviour, teacher_scores, mask, profile.grpo_config()
             )
+            for i, sampled in enumerate(rollouts):  # one sample a group; no reward: the teacher
+                if written.keeps(step, i):
+                    kl = teacher_lib.reverse_kl_on_samples(
+                        behaviour[i : i + 1], teacher_scores[i : i + 1], mask[i : i + 1]
+                    )
+                    written.write_group(
+                        step=step, group=i, policy_version=step - 1, rollouts=[sampled],
+                        extras=[{"teacher_reverse_kl": kl}],
+                    )  # fmt: skip
             frame = frames.opd_frame(scored, baseline, profile.grpo_config())
             result, _ = trainer.train_step(frame)
             trainer.sync()  # to the student sampler only; the teacher stays frozen

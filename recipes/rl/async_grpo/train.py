@@ -23,7 +23,7 @@ import time
 
 import chz
 
-from cortex_recipes import frames, profiles
+from cortex_recipes import completions, frames, profiles
 from cortex_recipes.models import load_tokenizer
 from cortex_recipes.profiles import ProfileError
 from cortex_recipes.reconnect import is_recoverable
@@ -49,6 +49,7 @@ DEFAULT_PROFILE = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
 class Config(RunConfig):
     profile: str = profile_field(DEFAULT_PROFILE)
     max_steps: int = chz.field(default=0, doc="0: the profile's max_steps")
+    rollouts_rate: float = completions.rate_field()
     max_reconnects: int = chz.field(
         default=3, doc="reconnects after a lost backend before the run gives up"
     )
@@ -180,9 +181,11 @@ def train(client, config, profile: GRPOProfile, run: Run, reconnects: int) -> di
             time.sleep(latency)  # a slow verifier or tool; overlaps with training
         return ScoredGroup(task.index, rollouts, [env.score(task, t) for t in texts])
 
+    written = completions.RolloutWriter(run.path, tokenizer, rate=config.rollouts_rate)
     training = Intervals()
     started = time.monotonic()
     orchestrator = AsyncOrchestrator(book, sample, workers=lag.max_inflight_groups)
+    run.track_steps(max_steps)
     with orchestrator:
         for step in range(start_step, max_steps + 1):
             batch, waited = orchestrator.next_batch(step)
@@ -193,6 +196,11 @@ def train(client, config, profile: GRPOProfile, run: Run, reconnects: int) -> di
             trainer.sync()
             training.add(t0, time.monotonic())
             orchestrator.publish(step)
+            for k, g in enumerate(batch.groups):  # sampled under policy_start, trained now
+                written.write_group(
+                    step=step, group=k, policy_version=g.policy_start,
+                    rollouts=g.payload.rollouts, rewards=g.payload.rewards,
+                )  # fmt: skip
             m = result["metrics"]
             record = {
                 "step": step,

@@ -26,7 +26,7 @@ import time
 
 import chz
 
-from cortex_recipes import frames, profiles
+from cortex_recipes import completions, frames, profiles
 from cortex_recipes.models import load_tokenizer
 from cortex_recipes.profiles import ProfileError
 from cortex_recipes.rl.grpo import ScoredGroup, greedy_eval, group_seed, grpo_frame, task_order
@@ -43,6 +43,7 @@ DEFAULT_PROFILE = "recipes/rl/math_grpo/configs/local-cpu-smollm2-lora.json"
 class Config(RunConfig):
     profile: str = profile_field(DEFAULT_PROFILE)
     max_steps: int = chz.field(default=0, doc="0: the profile's max_steps")
+    rollouts_rate: float = completions.rate_field()
     env_latency_s: float = chz.field(default=-1.0, doc="< 0: the profile's env.latency_s")
 
 
@@ -67,6 +68,7 @@ def main(config: Config) -> dict:
     env, eval_env = profile.envs()
     order = task_order(profile.env.seed, env.size)
     evals = run.resume["evals"] if run.resume else []
+    written = completions.RolloutWriter(run.path, tokenizer, rate=config.rollouts_rate)
     started = time.monotonic()
 
     with run.connect(config.connection) as client:
@@ -85,6 +87,7 @@ def main(config: Config) -> dict:
             )
 
         loop_started = time.monotonic()
+        run.track_steps(max_steps)
         for step in range((run.resumed_from_step or 0) + 1, max_steps + 1):
             t0 = time.monotonic()
             # 1. Sample: group g of the run is task order[g], every rollout with its own seed.
@@ -108,6 +111,11 @@ def main(config: Config) -> dict:
                     tokenizer.decode(r.completion_ids, skip_special_tokens=True) for r in group
                 ]
                 groups.append(ScoredGroup(task.index, group, [env.score(task, t) for t in texts]))
+            for g, group in enumerate(groups):  # synchronous: sampled by the previous step's policy
+                written.write_group(
+                    step=step, group=g, policy_version=step - 1,
+                    rollouts=group.rollouts, rewards=group.rewards,
+                )  # fmt: skip
             if latency:
                 time.sleep(latency)  # the verifier scores all groups of the step concurrently
             t_sampled = time.monotonic()

@@ -52,7 +52,10 @@ def build_once(target: Path, build: Callable[[Path], None]) -> Path:
             shutil.rmtree(target)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
-            build(tmp)
+            from cortex_recipes.progress import task
+
+            with task(f"building model fixture {target.parent.name}", unit="build"):
+                build(tmp)
             (tmp / COMPLETE_MARKER).write_text("")
             os.replace(tmp, target)
         except BaseException:

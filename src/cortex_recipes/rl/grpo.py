@@ -97,7 +97,10 @@ def greedy_eval(client, job_id: str, tokenizer, env, max_tokens: int) -> dict[st
 
     tasks = [env.task(i) for i in range(env.size)]
     prompts = [chat_prompt_ids(tokenizer, env.prompt(t)) for t in tasks]
-    results = generate(client, job_id, prompts, {"max_tokens": max_tokens, "temperature": 0.0})
+    from cortex_recipes.progress import task
+
+    with task(f"eval: {len(prompts)} greedy answers"):
+        results = generate(client, job_id, prompts, {"max_tokens": max_tokens, "temperature": 0.0})
     texts = [tokenizer.decode(r["token_ids"], skip_special_tokens=True) for r in results]
     scores = [env.score(t, text) for t, text in zip(tasks, texts, strict=True)]
     return {
