@@ -95,15 +95,17 @@ def _accelerator() -> str:
 
 
 def compare_metrics(
-    measured: dict[str, float], expected: dict[str, Any]
+    measured: dict[str, Any], expected: dict[str, Any]
 ) -> dict[str, dict[str, Any]]:
     """Each measured metric against its ``expected_metrics`` entry in recipe.yaml.
 
     An entry may be a description string (nothing to compare) or a mapping with
-    ``description`` and ``min`` and/or ``max`` (inclusive). A measured metric without a range
-    is recorded with ``within`` null. A metric with a range that the run did not measure is
-    recorded with ``value`` null and ``within`` false, so a qualification cannot pass by not
-    reporting it.
+    ``description`` and ``min`` and/or ``max`` (inclusive). A measured metric is a number or an
+    interval (:mod:`cortex_recipes.intervals`: ``value``, ``low``, ``high``); for an interval
+    ``min`` applies to its lower end and ``max`` to its upper end, so a bar is met only when the
+    whole interval clears it. A measured metric without a range is recorded with ``within``
+    null. A metric with a range that the run did not measure is recorded with ``value`` null and
+    ``within`` false, so a qualification cannot pass by not reporting it.
     """
     ranges = {
         name: spec
@@ -115,13 +117,26 @@ def compare_metrics(
         bounds = ranges.get(name, {})
         low, high = bounds.get("min"), bounds.get("max")
         value = measured.get(name)
+        entry: dict[str, Any] = {"value": value, "min": low, "max": high}
+        if isinstance(value, dict):
+            missing = [k for k in ("value", "low", "high") if k not in value]
+            if missing:
+                raise ValueError(
+                    f"metric {name!r}: an interval needs value, low and high; missing {missing}"
+                )
+            entry = {**entry, **value, "min": low, "max": high}
+            lower_end, upper_end = value["low"], value["high"]
+        else:
+            lower_end = upper_end = value
         if low is None and high is None:
             within = None
         elif value is None:
             within = False
         else:
-            within = (low is None or value >= low) and (high is None or value <= high)
-        result[name] = {"value": value, "min": low, "max": high, "within": within}
+            within = (low is None or lower_end >= low) and (high is None or upper_end <= high)
+        entry.pop("name", None)
+        entry["within"] = within
+        result[name] = entry
     return result
 
 
