@@ -165,8 +165,8 @@ def _sampled_by_prefixes(renderer, messages, ids: list[int], tools) -> list[bool
     ``sampled_mask``: ``DefaultRenderer`` wraps an opaque template).
 
     An assistant turn's sampled tokens are those after the generation prompt of the turns
-    before it, through the turn-closing stop token; the opener (``<|im_start|>assistant``)
-    and what follows the close stay context. Each prefix render must be a token prefix of the
+    before it, through the turn-closing stop token; the opener (``<|im_start|>assistant``),
+    a token merged across its end, and what follows the close stay context. Each prefix render must be a token prefix of the
     full render, otherwise the renderer's incremental message attribution is wrong too.
     """
     kwargs = {"tools": list(tools)} if tools else {}
@@ -175,25 +175,44 @@ def _sampled_by_prefixes(renderer, messages, ids: list[int], tools) -> list[bool
     previous: list[int] = []
     for i, message in enumerate(messages):
         assistant = message.get("role") == "assistant"
-        prompt = (
-            renderer.render_ids(list(messages[:i]), add_generation_prompt=True, **kwargs)
-            if assistant and i
-            else previous
-        )
         upto = renderer.render_ids(list(messages[: i + 1]), **kwargs)
-        for name, prefix in (("earlier turns", previous), ("generation prompt", prompt)):
-            if upto[: len(prefix)] != prefix or ids[: len(upto)] != upto:
-                raise SupervisionError(
-                    f"renderer={type(renderer).__name__}: the render of messages[:{i + 1}] does "
-                    f"not extend the render of its {name} token for token, so messages[{i}] "
-                    "cannot be located; use a hand-written renderer for this model"
-                )
+        where = f"messages[{i}] cannot be located; use a hand-written renderer for this model"
+        if upto[: len(previous)] != previous:
+            raise SupervisionError(
+                f"renderer={type(renderer).__name__}: the render of messages[:{i + 1}] does not "
+                f"extend the render of its earlier turns token for token, so {where}"
+            )
+        if ids[: len(upto)] != upto:
+            raise SupervisionError(
+                f"renderer={type(renderer).__name__}: the render of all {len(messages)} "
+                f"messages does not extend the render of messages[:{i + 1}] token for token, "
+                f"so {where}"
+            )
+        start = len(upto)
+        if assistant:
+            prompt = (
+                renderer.render_ids(list(messages[:i]), add_generation_prompt=True, **kwargs)
+                if i
+                else []
+            )
+            start = len(prompt)
+            if upto[:start] != prompt:
+                # A token merged across the end of the generation prompt ("\n" + "  x") stays
+                # context, as on the chat_template path; any other difference is a rewrite.
+                start = len(prompt) - 1
+                if start < 0 or upto[:start] != prompt[:start]:
+                    raise SupervisionError(
+                        f"renderer={type(renderer).__name__}: the render of messages[:{i + 1}] "
+                        "does not extend the render of its generation prompt token for token, "
+                        f"so {where}"
+                    )
+                start += 1
         previous = upto
         if not assistant:
             continue
-        span = range(len(prompt), len(upto))
+        span = range(start, len(upto))
         closes = [t for t in span if ids[t] in stops]
-        for t in range(len(prompt), closes[-1] + 1 if closes else len(upto)):
+        for t in range(start, closes[-1] + 1 if closes else len(upto)):
             sampled[t] = True
     return sampled
 

@@ -124,7 +124,7 @@ def test_user_system_and_unselected_tokens_are_never_supervised(name):
     ("renderer", "message"),
     [
         ("chat_template", r"does not extend its earlier render at messages\[1\]"),
-        ("default", r"render of messages\[:3\] does not extend the render of its earlier turns"),
+        ("default", r"does not extend the render of messages\[:1\] token for token"),
     ],
 )
 def test_template_that_rewrites_history_is_rejected(renderer, message):

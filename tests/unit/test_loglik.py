@@ -124,7 +124,7 @@ def test_runs_whose_comparisons_differ_are_not_deterministic():
 
 
 def test_the_gain_difference_bar_applies_to_the_interval_lower_end_of_its_profiles_only():
-    metrics = qualify.sft_metrics([_summary(_comparison([-1.0, -1.5, -0.5], [-3.0, -3.5, -2.5]))])
+    metrics = qualify.sft_metrics([_summary(_comparison([-1.0, -1.5, -0.2], [-3.0, -3.5, -2.5]))])
     diff = metrics["held_out_loglik_gain_difference"]
     expected = {
         "held_out_loglik_gain_difference": {
