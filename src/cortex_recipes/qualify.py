@@ -95,7 +95,7 @@ def _accelerator() -> str:
 
 
 def compare_metrics(
-    measured: dict[str, Any], expected: dict[str, Any]
+    measured: dict[str, Any], expected: dict[str, Any], *, profile: str | None = None
 ) -> dict[str, dict[str, Any]]:
     """Each measured metric against its ``expected_metrics`` entry in recipe.yaml.
 
@@ -105,12 +105,16 @@ def compare_metrics(
     ``min`` applies to its lower end and ``max`` to its upper end, so a bar is met only when the
     whole interval clears it. A measured metric without a range is recorded with ``within``
     null. A metric with a range that the run did not measure is recorded with ``value`` null and
-    ``within`` false, so a qualification cannot pass by not reporting it.
+    ``within`` false, so a qualification cannot pass by not reporting it. An entry with
+    ``profiles`` (a list of profile names) applies only to the qualification of those
+    profiles; without it, to every profile of the recipe.
     """
     ranges = {
         name: spec
         for name, spec in expected.items()
-        if isinstance(spec, dict) and ("min" in spec or "max" in spec)
+        if isinstance(spec, dict)
+        and ("min" in spec or "max" in spec)
+        and (spec.get("profiles") is None or profile in spec["profiles"])
     }
     result: dict[str, dict[str, Any]] = {}
     for name in sorted(set(measured) | set(ranges)):
@@ -140,19 +144,37 @@ def compare_metrics(
     return result
 
 
-def sft_checks(runs: list[dict[str, Any]]) -> dict[str, bool]:
-    """What a passing SFT qualification must show, from two runs of the same profile."""
+def sft_checks(runs: list[dict[str, Any]], *, weight_comparison: bool = False) -> dict[str, bool]:
+    """What a passing SFT qualification must show, from two runs of the same profile.
+
+    A profile that declares ``eval.weight_comparison`` (``weight_comparison=True``) must also
+    show its full-weight answer's held-out log-likelihood rising more than its down-weighted
+    answer's, the whole 95% interval of the paired difference above zero, and the
+    down-weighted answer still learned (its gain's interval above zero: the fractional weight
+    was kept, not dropped to 0); its bar is ``held_out_loglik_gain_difference`` in
+    recipe.yaml.
+    """
     first = runs[0]
     before, after = first["eval_before"], first["eval_after"]
-    return {
+    checks = {
         "taught_behaviour_absent_before": before["held_out_hits"] == 0,
         "taught_behaviour_present_after": after["held_out_hits"] == after["held_out_total"],
         "controls_kept_after": all(c["ok"] for c in after["controls"]),
         "loss_fell": first["losses"][-1] < first["losses"][0],
         "deterministic_across_runs": all(
-            r["losses"] == first["losses"] and r["eval_after"] == after for r in runs[1:]
+            r["losses"] == first["losses"]
+            and r["eval_after"] == after
+            and r.get("weight_comparison") == first.get("weight_comparison")
+            for r in runs[1:]
         ),
     }
+    if weight_comparison:
+        compared = first.get("weight_comparison")
+        checks["full_weight_learned_more_than_down_weighted"] = bool(
+            compared and compared["gain_difference"]["low"] > 0
+        )
+        checks["down_weighted_still_learned"] = bool(compared and compared["down_gain"]["low"] > 0)
+    return checks
 
 
 def repository_root(start: Path) -> Path:
@@ -179,7 +201,9 @@ def record_evidence(
     and leaves recipe.yaml alone.
     """
     recipe = yaml.safe_load((recipe_dir / "recipe.yaml").read_text()) or {}
-    compared = compare_metrics(metrics or {}, recipe.get("expected_metrics") or {})
+    compared = compare_metrics(
+        metrics or {}, recipe.get("expected_metrics") or {}, profile=profile_name
+    )
     passed = all(checks.values()) and all(m["within"] is not False for m in compared.values())
     today = dt.date.today().isoformat()
     record = {
@@ -234,14 +258,21 @@ def latest_validation(
     return newest, chosen.get("evidence")
 
 
-def sft_metrics(runs: list[dict[str, Any]]) -> dict[str, float]:
-    """The SFT metrics recipe.yaml states ranges for, from the first run."""
+def sft_metrics(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The SFT metrics recipe.yaml states ranges for, from the first run; a run with a weight
+    comparison adds the held-out log-likelihood gains as intervals."""
     first = runs[0]
-    return {
+    metrics: dict[str, Any] = {
         "final_loss": first["losses"][-1],
         "held_out_identity_hits_before": first["eval_before"]["held_out_hits"],
         "held_out_identity_hits_after": first["eval_after"]["held_out_hits"],
     }
+    compared = first.get("weight_comparison")
+    if compared:
+        metrics["held_out_loglik_gain_full"] = compared["full_gain"]
+        metrics["held_out_loglik_gain_down"] = compared["down_gain"]
+        metrics["held_out_loglik_gain_difference"] = compared["gain_difference"]
+    return metrics
 
 
 def opd_metrics(distill: dict[str, Any], no_teacher: dict[str, Any]) -> dict[str, float]:

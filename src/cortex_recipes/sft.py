@@ -14,7 +14,67 @@ from cortex_recipes.profiles import ProfileError, setting
 from cortex_recipes.sub_jobs import DS_BATCH_FIELDS, batch_problem, sampler_sub_job, trainer_sub_job
 from cortex_recipes.supervision import RENDERERS, TrainOnWhat
 
-__all__ = ["DS_BATCH_FIELDS", "EvalSpec", "ProfileError", "SFTProfile", "load_profile"]
+__all__ = [
+    "DS_BATCH_FIELDS",
+    "Behaviour",
+    "EvalSpec",
+    "ProfileError",
+    "SFTProfile",
+    "WeightComparison",
+    "load_profile",
+]
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """One taught answer, its training weight and its held-out prompts."""
+
+    answer: str = setting(doc="the assistant answer the data teaches (exact message content)")
+    weight: float = setting(gt=0, doc="the weight every training message with this answer carries")
+    prompts: list[str] = setting(doc="held-out user prompts; item k is paired with the other's k")
+
+
+@dataclass(frozen=True)
+class WeightComparison:
+    """Held-out log-likelihood gain of a full-weight answer against a down-weighted one."""
+
+    full: Behaviour = setting(doc="the answer trained at the larger weight")
+    down: Behaviour = setting(doc="the answer trained at the smaller (fractional) weight")
+
+    def check(self) -> str | None:
+        if not self.down.weight < self.full.weight:
+            return f"down.weight={self.down.weight} must be below full.weight={self.full.weight}"
+        if len(self.full.prompts) != len(self.down.prompts) or not self.full.prompts:
+            return (
+                f"full.prompts has {len(self.full.prompts)} and down.prompts "
+                f"{len(self.down.prompts)}; the items are paired, so both need the same "
+                "number (at least one)"
+            )
+        return None
+
+    def check_data(self, conversations: Sequence[Sequence[dict[str, Any]]]) -> None:
+        """Fail closed unless every training message with either answer carries its declared
+        weight and both answers are in the data."""
+        seen = {self.full.answer: 0, self.down.answer: 0}
+        declared = {self.full.answer: self.full.weight, self.down.answer: self.down.weight}
+        for n, messages in enumerate(conversations):
+            for i, message in enumerate(messages):
+                content = message.get("content")
+                if message.get("role") != "assistant" or content not in declared:
+                    continue
+                seen[content] += 1
+                weight = message.get("weight", 1.0)
+                if weight != declared[content]:
+                    raise ProfileError(
+                        f"conversation {n} messages[{i}].weight={weight!r} but "
+                        f"eval.weight_comparison declares {declared[content]} for {content!r}"
+                    )
+        missing = [answer for answer, count in seen.items() if not count]
+        if missing:
+            raise ProfileError(
+                f"eval.weight_comparison answer(s) {missing} appear in no assistant message "
+                "of the dataset"
+            )
 
 
 @dataclass(frozen=True)
@@ -27,6 +87,9 @@ class EvalSpec:
         default_factory=list, doc="{prompt, expect} pairs the training must not break"
     )
     max_tokens: int = setting(24, gt=0, doc="new tokens per greedy answer")
+    weight_comparison: WeightComparison | None = setting(
+        None, doc="held-out log-likelihood of a full-weight and a down-weighted answer"
+    )
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,13 @@
 
 Which tokens train is a named choice (:class:`TrainOnWhat`); a message may carry a ``weight``
 (default 1.0) that is preserved, not collapsed, into the mask. Tokens come from the
-``renderers`` package when a renderer exists for the model (``renderer="qwen3"``), and
-otherwise from the tokenizer's own chat template, split per message by rendering growing
-prefixes; a template whose renders do not extend each other token for token is rejected.
+``renderers`` package: a hand-written renderer for the model family (``renderer="qwen3"``),
+or ``renderer="default"``, the package's ``DefaultRenderer``, which renders through the
+model's own chat template and attributes tokens to messages incrementally (the choice for a
+model without a hand-written renderer, such as SmolLM2's ChatML template). ``chat_template``
+renders the template to text here and splits it by character spans of growing prefixes. On
+both template paths a template whose renders do not extend each other token for token is
+rejected.
 
 Alignment: :func:`render_supervised` gives a token-aligned :class:`cortex_recipes.frames.Row`
 (``weights[t]`` = how much predicting token ``t`` counts); :func:`collate` batches rows through
@@ -27,7 +31,8 @@ from cortex_recipes.frames import Batch, Row, pad_batch, shift
 log = logging.getLogger(__name__)
 
 CHAT_TEMPLATE = "chat_template"
-RENDERERS = ("qwen3", CHAT_TEMPLATE)
+DEFAULT = "default"  # renderers' DefaultRenderer: the model's own chat template, as ids
+RENDERERS = ("qwen3", DEFAULT, CHAT_TEMPLATE)
 
 
 class TrainOnWhat(StrEnum):
@@ -48,6 +53,11 @@ def make_renderer(tokenizer, name: str):
         from renderers.configs import Qwen3RendererConfig
 
         return create_renderer(tokenizer, Qwen3RendererConfig())
+    if name == DEFAULT:
+        from renderers import create_renderer
+        from renderers.configs import DefaultRendererConfig
+
+        return create_renderer(tokenizer, DefaultRendererConfig())
     raise SupervisionError(f"renderer={name!r}; accepted: {', '.join(RENDERERS)}")
 
 
@@ -125,14 +135,75 @@ def render_supervised(
     clean = _without_weights(messages)
     if renderer is None:
         if tools:
-            raise SupervisionError("tool declarations need a renderer (renderer='qwen3')")
+            raise SupervisionError(
+                "tool declarations need a renderers renderer (renderer='qwen3' or 'default')"
+            )
         return _template_supervised(tokenizer, clean, per_message)
     rendered = renderer.render(clean, tools=list(tools)) if tools else renderer.render(clean)
+    ids = list(rendered.token_ids)
+    sampled = list(rendered.sampled_mask) or _sampled_by_prefixes(renderer, clean, ids, tools)
     weights = [
-        per_message[m] if sampled and m >= 0 else 0.0
-        for m, sampled in zip(rendered.message_indices, rendered.sampled_mask, strict=True)
+        per_message[m] if s and m >= 0 else 0.0
+        for m, s in zip(rendered.message_indices, sampled, strict=True)
     ]
-    return Row(list(rendered.token_ids), weights)
+    return Row(ids, weights)
+
+
+def _sampled_by_prefixes(renderer, messages, ids: list[int], tools) -> list[bool]:
+    """Which tokens the model would sample, for a renderer that does not say (an empty
+    ``sampled_mask``: ``DefaultRenderer`` wraps an opaque template).
+
+    An assistant turn's sampled tokens are those after the generation prompt of the turns
+    before it, through the turn-closing stop token; the opener (``<|im_start|>assistant``),
+    a token merged across its end, and what follows the close stay context. Each prefix render must be a token prefix of the
+    full render, otherwise the renderer's incremental message attribution is wrong too.
+    """
+    kwargs = {"tools": list(tools)} if tools else {}
+    stops = set(renderer.get_stop_token_ids())
+    sampled = [False] * len(ids)
+    previous: list[int] = []
+    for i, message in enumerate(messages):
+        assistant = message.get("role") == "assistant"
+        upto = renderer.render_ids(list(messages[: i + 1]), **kwargs)
+        where = f"messages[{i}] cannot be located; use a hand-written renderer for this model"
+        if upto[: len(previous)] != previous:
+            raise SupervisionError(
+                f"renderer={type(renderer).__name__}: the render of messages[:{i + 1}] does not "
+                f"extend the render of its earlier turns token for token, so {where}"
+            )
+        if ids[: len(upto)] != upto:
+            raise SupervisionError(
+                f"renderer={type(renderer).__name__}: the render of all {len(messages)} "
+                f"messages does not extend the render of messages[:{i + 1}] token for token, "
+                f"so {where}"
+            )
+        start = len(upto)
+        if assistant:
+            prompt = (
+                renderer.render_ids(list(messages[:i]), add_generation_prompt=True, **kwargs)
+                if i
+                else []
+            )
+            start = len(prompt)
+            if upto[:start] != prompt:
+                # A token merged across the end of the generation prompt ("\n" + "  x") stays
+                # context, as on the chat_template path; any other difference is a rewrite.
+                start = len(prompt) - 1
+                if start < 0 or upto[:start] != prompt[:start]:
+                    raise SupervisionError(
+                        f"renderer={type(renderer).__name__}: the render of messages[:{i + 1}] "
+                        "does not extend the render of its generation prompt token for token, "
+                        f"so {where}"
+                    )
+                start += 1
+        previous = upto
+        if not assistant:
+            continue
+        span = range(start, len(upto))
+        closes = [t for t in span if ids[t] in stops]
+        for t in range(start, closes[-1] + 1 if closes else len(upto)):
+            sampled[t] = True
+    return sampled
 
 
 def truncate(example: Row, max_seq_len: int) -> Row:

@@ -534,6 +534,14 @@ def _validation_problems(folder: Path, where: str, recipe: dict[str, Any], loade
     names = [p["name"] for p in profiles]
     for name in sorted({n for n in names if names.count(n) > 1}):
         problems.append(f"{where}: profile name {name!r} appears more than once")
+    for metric, spec in (recipe.get("expected_metrics") or {}).items():
+        scoped = spec.get("profiles") if isinstance(spec, dict) else None
+        for name in scoped or []:
+            if name not in names:
+                problems.append(
+                    f"{where}: expected_metrics.{metric}.profiles names {name!r}, which is not "
+                    f"a profile of this recipe; accepted: {', '.join(names)}"
+                )
     for profile in profiles:
         label = f"{where}: profiles[{profile['name']}]"
         config = folder / profile["config"]

@@ -25,7 +25,27 @@ pytestmark = pytest.mark.contract
 SETUPS = {
     "qwen3-renderer": ("tiny-qwen3", "qwen3"),
     "smollm2-template": ("smollm2-135m-instruct", "chat_template"),
+    "smollm2-default-renderer": ("smollm2-135m-instruct", "default"),
 }
+
+# A few conversations the renderer comparisons run on: no system turn (SmolLM2's template adds
+# its own), a system turn, several turns, and text whose tokens could merge across a boundary.
+COMPARED = [
+    [{"role": "user", "content": "Who trained you?"}, {"role": "assistant", "content": "Me."}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "  x é 3.5"},
+        {"role": "assistant", "content": "yes! the cat"},
+    ],
+    [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+        {"role": "assistant", "content": "d"},
+    ],
+]
 
 
 @functools.cache
@@ -98,23 +118,55 @@ def test_user_system_and_unselected_tokens_are_never_supervised(name):
     assert set(last.weights) == {0.0, 0.5}
 
 
-def test_template_that_rewrites_history_is_rejected():
+@pytest.mark.parametrize(
+    ("renderer", "message"),
+    [
+        ("chat_template", r"does not extend its earlier render at messages\[1\]"),
+        ("default", r"does not extend the render of messages\[:1\] token for token"),
+    ],
+)
+def test_template_that_rewrites_history_is_rejected(renderer, message):
     tokenizer, _ = setup("smollm2-template")
     broken = tokenizer.chat_template.replace(
         "{% for message in messages %}", "{% for message in messages[-2:] %}"
     )
     tokenizer = load_tokenizer("smollm2-135m-instruct")
     tokenizer.chat_template = broken
-    messages = [
-        {"role": "user", "content": "a"},
-        {"role": "assistant", "content": "b"},
-        {"role": "user", "content": "c"},
-        {"role": "assistant", "content": "d"},
+    with pytest.raises(SupervisionError, match=message):
+        render_supervised(
+            COMPARED[2],
+            tokenizer,
+            make_renderer(tokenizer, renderer),
+            TrainOnWhat.ALL_ASSISTANT_MESSAGES,
+        )
+
+
+@pytest.mark.parametrize("messages", COMPARED)
+def test_default_renderer_reproduces_the_smollm2_chat_template_token_for_token(messages):
+    tokenizer, renderer = setup("smollm2-default-renderer")
+    expected = list(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False))
+    assert list(renderer.render(messages).token_ids) == expected
+
+
+def test_qwen3_renderer_refuses_the_smollm2_tokenizer():
+    """Why SmolLM2 renders through ``default``: the Qwen3 renderer needs Qwen's
+    ``<|endoftext|>`` special token, which SmolLM2's vocabulary only has as its unknown token,
+    so the package refuses to build it (and it would not add SmolLM2's default system turn)."""
+    tokenizer, _ = setup("smollm2-template")
+    with pytest.raises(AssertionError, match="endoftext"):
+        make_renderer(tokenizer, "qwen3")
+
+
+@pytest.mark.parametrize("messages", COMPARED)
+def test_default_renderer_supervises_what_the_chat_template_path_supervises(messages):
+    tokenizer, renderer = setup("smollm2-default-renderer")
+    weighted = [
+        {**m, "weight": 0.2 if i % 4 == 1 else 1.0} if m["role"] == "assistant" else m
+        for i, m in enumerate(messages)
     ]
-    with pytest.raises(
-        SupervisionError, match=r"does not extend its earlier render at messages\[1\]"
-    ):
-        render_supervised(messages, tokenizer, None, TrainOnWhat.ALL_ASSISTANT_MESSAGES)
+    for train_on in TrainOnWhat:
+        ours = render_supervised(weighted, tokenizer, renderer, train_on)
+        assert ours == render_supervised(weighted, tokenizer, None, train_on)
 
 
 def test_bad_message_weight_names_the_message():

@@ -1,6 +1,7 @@
 """The SFT journey end to end on the local backend (smoke profile), twice: same numbers."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -38,3 +39,28 @@ def test_rerunning_a_finished_sft_run_returns_it_without_training_again(tmp_path
     metrics_before = (tmp_path / "metrics.jsonl").read_text()
     again = main(Config(profile=SMOKE, log_path=str(tmp_path)))  # if_exists=resume, the default
     assert again == first and (tmp_path / "metrics.jsonl").read_text() == metrics_before
+
+
+def test_weighted_messages_are_scored_before_and_after_through_the_trainer(tmp_path):
+    """The renderers path with per-message weights, on the tiny model (plumbing, not learning):
+    both answers are scored per held-out item before the first step and after the last."""
+    weighted = (
+        Path(__file__).resolve().parents[2]
+        / "recipes/sft/conversational/configs/local-cpu-smollm2-weighted-lora.json"
+    )
+    spec = json.loads(weighted.read_text())["eval"]
+    block = {**spec, "prompts": spec["prompts"][:1], "controls": [], "max_tokens": 2}
+    result = main(
+        Config(
+            log_path=str(tmp_path),
+            overrides=("dataset=data/weighted.jsonl", "steps=2", f"eval={json.dumps(block)}"),
+        )
+    )
+    compared = result["weight_comparison"]
+    n = len(spec["weight_comparison"]["full"]["prompts"])
+    for side in ("full", "down"):
+        assert len(compared["before"][side]) == len(compared["after"][side]) == n
+        assert all(b < 0 for b in compared["before"][side])  # log-probabilities
+        assert compared["before"][side] != compared["after"][side]  # training moved them
+    assert compared["gain_difference"]["n"] == n
+    assert (compared["full_weight"], compared["down_weight"]) == (1.0, 0.2)

@@ -42,7 +42,9 @@ def run(config: QualifyConfig) -> int:
         )
         for i in range(config.runs)
     ]
-    checks = qualify.sft_checks(summaries)
+    checks = qualify.sft_checks(
+        summaries, weight_comparison=profile.eval.weight_comparison is not None
+    )
     path = qualify.record_evidence(
         RECIPE_DIR,
         profile.name,

@@ -6,8 +6,11 @@
 Reads top to bottom as the algorithm: load the profile and data, render conversations into
 token ids with per-token weights, greedy-evaluate the base model, train (forward-backward with
 ``causal_cross_entropy`` + step), save weights-only, reload that checkpoint into a fresh
-sampling sub-job and evaluate again. ``connection=local`` (default) runs against the embedded
-local backend; ``connection=<file.json>`` against a Cortex endpoint. The run lives in
+sampling sub-job and evaluate again. A profile with ``eval.weight_comparison`` also scores
+the held-out log-likelihood of its full-weight and down-weighted answers with the trainer's
+``forward`` before the first step and after the last (cortex_recipes.loglik).
+``connection=local`` (default) runs against the embedded local backend;
+``connection=<file.json>`` against a Cortex endpoint. The run lives in
 ``runs/sft/<run_name>/`` (cortex_recipes.run); rerunning the command resumes it.
 """
 
@@ -19,7 +22,7 @@ import time
 
 import chz
 
-from cortex_recipes import frames, profiles, sft
+from cortex_recipes import frames, loglik, profiles, sft
 from cortex_recipes.models import load_tokenizer
 from cortex_recipes.run import RunConfig, Trainer, profile_field
 from cortex_recipes.sampling import greedy_answers
@@ -75,13 +78,17 @@ def main(config: Config) -> dict:
 
     tokenizer = load_tokenizer(profile.model_name)
     renderer = make_renderer(tokenizer, profile.renderer)
+    conversations = sft.load_conversations(profile.dataset_path)
+    comparison = profile.eval.weight_comparison if profile.eval else None
+    if comparison:
+        comparison.check_data(conversations)
     examples = [
         render_supervised(messages, tokenizer, renderer, profile.train_on_what)
-        for messages in sft.load_conversations(profile.dataset_path)
+        for messages in conversations
     ]
     pad_id = frames.pad_id(tokenizer)
     frame = frames.legacy_labels_frame if config.legacy_labels else frames.sft_frame
-    state = run.resume or {"losses": [], "eval_before": None}
+    state = run.resume or {"losses": [], "eval_before": None, "loglik_before": None}
     losses = state["losses"]
     started = time.time()
 
@@ -96,6 +103,15 @@ def main(config: Config) -> dict:
         if run.resume:
             trainer.load(run.resume)
         run.track_steps(steps)
+
+        def score() -> dict:
+            return loglik.score_comparison(
+                client, trainer.job_id, trainer.sub_jobs["training"], tokenizer, renderer,
+                comparison,
+            )  # fmt: skip
+
+        if comparison and state.get("loglik_before") is None:
+            state["loglik_before"] = score()  # the trainer before its first step
         for step, indices in enumerate(
             sft.batches(len(examples), profile.batch_size, steps, profile.seed), start=1
         ):
@@ -121,8 +137,14 @@ def main(config: Config) -> dict:
             log.info("step %d/%d loss %.4f", step, steps, result["avg_loss"])
             if config.ckpt_interval and step % config.ckpt_interval == 0 and step < steps:
                 trainer.save_resumable(
-                    step, {"losses": losses, "eval_before": state["eval_before"]}
+                    step,
+                    {
+                        "losses": losses,
+                        "eval_before": state["eval_before"],
+                        "loglik_before": state.get("loglik_before"),
+                    },
                 )
+        loglik_after = score() if comparison else None
         saved = trainer.save_weights(steps)
         client.cancel_job(trainer.job_id)
 
@@ -138,6 +160,21 @@ def main(config: Config) -> dict:
             client.wait_for_job(eval_job)
             summary["eval_after"] = evaluate(client, profile, tokenizer, eval_job)
             client.cancel_job(eval_job)
+        if comparison:
+            compared = loglik.compare_weights(
+                state["loglik_before"],
+                loglik_after,
+                full_weight=comparison.full.weight,
+                down_weight=comparison.down.weight,
+            )
+            summary["weight_comparison"] = compared
+            diff = compared["gain_difference"]
+            log.info(
+                "held-out log-likelihood gain: full %.3f, down-weighted %.3f, "
+                "difference %.3f [%.3f, %.3f]",
+                compared["full_gain"]["value"], compared["down_gain"]["value"],
+                diff["value"], diff["low"], diff["high"],
+            )  # fmt: skip
 
     summary.update(
         losses=losses,
