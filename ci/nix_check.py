@@ -50,7 +50,7 @@ PROJECT = "cortex-recipes"
 SHELL_SUMMARY = (
     "builtins.mapAttrs (name: shell: {"
     " packages = map (p: if p ? deps then p.deps else p) shell.packages;"
-    " env = shell.env or { }; shellHook = shell.shellHook or \"\";"
+    ' env = shell.env or { }; shellHook = shell.shellHook or "";'
     " overridden = builtins.foldl' (acc: p: acc // (p.overridden or { })) { }"
     " (builtins.filter builtins.isAttrs shell.packages); })"
 )
@@ -221,7 +221,11 @@ def override_problems(root: Path, shells: dict) -> list[str]:
         sdist_only = any("sdist" in v and not v.get("wheels") for v in versions)
         if name == PROJECT or not sdist_only:
             continue
-        systems = [i for i in overridden.get(name, {}).get("nativeBuildInputs", []) if str(i).startswith("build-system:")]
+        systems = [
+            i
+            for i in overridden.get(name, {}).get("nativeBuildInputs", [])
+            if str(i).startswith("build-system:")
+        ]
         if not systems:
             problems.append(
                 f"flake.nix: {name!r} is locked as an sdist only (no wheel) and has no build system override (resolveBuildSystem, e.g. {{ setuptools = [ ]; }})"
@@ -248,7 +252,9 @@ def override_problems(root: Path, shells: dict) -> list[str]:
             f"flake.nix: cortex-recipes is not editable from $REPO_ROOT (editableRoot={project.get('editableRoot')!r})"
         )
     elif "build-system:editables" not in project.get("nativeBuildInputs", []):
-        problems.append("flake.nix: the editable cortex-recipes build lacks the 'editables' build system")
+        problems.append(
+            "flake.nix: the editable cortex-recipes build lacks the 'editables' build system"
+        )
     for name, shell in shells.items():
         hook = shell.get("shellHook", "")
         if "export REPO_ROOT=" not in hook:

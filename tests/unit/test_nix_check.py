@@ -85,7 +85,9 @@ def _overridden() -> dict:
         "zss": setuptools,
         "torch": {
             "autoPatchelfIgnoreMissingDeps": ["libcuda.so.1"],
-            "preFixup": "".join(f"addAutoPatchelfSearchPath /nix/store/stub-{n}-1/x\n" for n in torch_libs),
+            "preFixup": "".join(
+                f"addAutoPatchelfSearchPath /nix/store/stub-{n}-1/x\n" for n in torch_libs
+            ),
         },
         "cortex-recipes": {
             "editableRoot": "$REPO_ROOT",
@@ -104,7 +106,9 @@ def test_override_check_names_each_missing_override():
     overridden = _overridden()
     del overridden["zss"]
     overridden["torch"]["autoPatchelfIgnoreMissingDeps"] = ["libcuda.so.1", "libcudart.so.13"]
-    overridden["torch"]["preFixup"] = overridden["torch"]["preFixup"].replace("stub-nvidia-nccl-cu13-", "")
+    overridden["torch"]["preFixup"] = overridden["torch"]["preFixup"].replace(
+        "stub-nvidia-nccl-cu13-", ""
+    )
     overridden["cortex-recipes"]["editableRoot"] = None
     shells["opd"]["overridden"] = overridden
     shells["grpo"]["shellHook"] = ""
@@ -152,7 +156,14 @@ def test_flake_evaluates_against_the_offline_stubs():
 
 @needs_nix
 def test_flake_evaluation_fails_on_an_override_of_a_package_not_in_the_lock(tmp_path):
-    for name in ("flake.nix", "flake.lock", "journeys.toml", "pyproject.toml", "uv.lock", "README.md"):
+    for name in (
+        "flake.nix",
+        "flake.lock",
+        "journeys.toml",
+        "pyproject.toml",
+        "uv.lock",
+        "README.md",
+    ):
         shutil.copy(ROOT / name, tmp_path / name)
     shutil.copytree(ROOT / "ci" / "nix-stub", tmp_path / "ci" / "nix-stub")
     (tmp_path / "src" / "cortex_recipes").mkdir(parents=True)
