@@ -65,7 +65,7 @@ def missing(*extras: str) -> str | None:
             return (
                 f"needs the {extra!r} extra ({', '.join(absent)} not installed): "
                 f"uv sync --frozen --extra local --extra {extra} --extra tools, "
-                f"or the Nix shell of a journey that uses it"
+                f"or `nix develop` (the default shell has every extra)"
             )
     return None
 

@@ -21,6 +21,7 @@ from cortex_recipes.supervision import (
     next_token_mask,
     render_supervised,
 )
+from tests import extras
 
 pytestmark = pytest.mark.contract
 
@@ -28,6 +29,9 @@ SETUPS = {
     "qwen3-renderer": ("tiny-qwen3", "qwen3"),
     "smollm2-template": ("smollm2-135m-instruct", "chat_template"),
 }
+# The qwen3 renderer comes from the `renderers` package (the sft extra).
+NEEDS = {"qwen3-renderer": extras.requires("sft")}
+SETUP_NAMES = [pytest.param(n, marks=NEEDS.get(n, ())) for n in sorted(SETUPS)]
 
 
 @functools.cache
@@ -60,7 +64,7 @@ def _supervised_text(tokenizer, example: WeightedTokens, target: float) -> str:
     )
 
 
-@pytest.mark.parametrize("name", sorted(SETUPS))
+@pytest.mark.parametrize("name", SETUP_NAMES)
 @settings(max_examples=40, deadline=None)
 @given(messages=conversations(), train_on=st.sampled_from(list(TrainOnWhat)))
 def test_weights_follow_messages_and_mask_is_next_token_aligned(name, messages, train_on):
@@ -83,7 +87,7 @@ def test_weights_follow_messages_and_mask_is_next_token_aligned(name, messages, 
     assert mask[:-1] == example.weights[1:]
 
 
-@pytest.mark.parametrize("name", sorted(SETUPS))
+@pytest.mark.parametrize("name", SETUP_NAMES)
 def test_user_system_and_unselected_tokens_are_never_supervised(name):
     tokenizer, renderer = setup(name)
     messages = [

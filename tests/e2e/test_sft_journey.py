@@ -5,8 +5,9 @@ import json
 import pytest
 
 from recipes.sft.conversational.train import Config, main
+from tests import extras
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, extras.requires("sft")]
 
 
 def test_sft_smoke_runs_writes_metrics_and_is_deterministic(tmp_path):

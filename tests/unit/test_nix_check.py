@@ -71,7 +71,8 @@ def test_structure_check_wants_each_shells_exact_extras():
     assert any("dev shells" in line for line in found)
     assert any("shell 'opd'" in line and "'tools'" in line for line in found)
     assert any("shell 'sft'" in line for line in found)
-    assert len(found) == 3
+    assert any("shell 'tito' asks for cortex-recipes extras []" in line for line in found)
+    assert len(found) == 4
 
 
 def _overridden() -> dict:
