@@ -59,7 +59,9 @@
         in
         if builtins.length next == builtins.length extras then extras else closeExtras next;
       toolsExtra = "tools";
-      extrasFor = journeyExtras: closeExtras (lib.unique ([ "local" ] ++ journeyExtras ++ [ toolsExtra ]));
+      extrasFor =
+        journeyExtras:
+        builtins.sort builtins.lessThan (closeExtras (lib.unique ([ "local" ] ++ journeyExtras ++ [ toolsExtra ])));
 
       workspace = uv2nix.lib.workspace.loadWorkspace { workspaceRoot = ./.; };
       overlay = workspace.mkPyprojectOverlay { sourcePreference = "wheel"; };
