@@ -15,6 +15,7 @@ from cortex_recipes.rl.grpo import ScoredGroup, group_advantages, group_seed, gr
 from cortex_recipes.rl.orchestrator import Intervals, overlap_seconds
 from cortex_recipes.rl.profile import load_grpo_profile
 from cortex_recipes.rollouts import Rollout, rollouts_from_results
+from tests import extras
 
 pytestmark = pytest.mark.contract
 
@@ -77,6 +78,7 @@ def test_bad_profiles_are_rejected_naming_the_field(tmp_path, change, message):
         load_grpo_profile(_write(tmp_path, raw))
 
 
+@extras.requires("grpo")
 def test_math_env_is_seeded_and_scored_by_reasoning_gym():
     a = MathEnv("basic_arithmetic", seed=3, size=20, config=ADDITION)
     b = MathEnv("basic_arithmetic", seed=3, size=20, config=ADDITION)
@@ -92,6 +94,7 @@ def test_math_env_is_seeded_and_scored_by_reasoning_gym():
     assert extract_answer("minus -7 then 3") == "-7"
 
 
+@extras.requires("grpo")
 def test_math_env_rejects_a_bad_generator_config():
     with pytest.raises(MathEnvError, match="basic_arithmetic"):
         MathEnv("basic_arithmetic", seed=0, size=4, config={"operators": ["^"]})

@@ -19,6 +19,7 @@ from cortex_recipes.supervision import (
     make_renderer,
     render_supervised,
 )
+from tests import extras
 
 pytestmark = pytest.mark.contract
 
@@ -27,6 +28,9 @@ SETUPS = {
     "smollm2-template": ("smollm2-135m-instruct", "chat_template"),
     "smollm2-default-renderer": ("smollm2-135m-instruct", "default"),
 }
+# The qwen3 renderer comes from the `renderers` package (the sft extra).
+NEEDS = {"qwen3-renderer": extras.requires("sft")}
+SETUP_NAMES = [pytest.param(n, marks=NEEDS.get(n, ())) for n in sorted(SETUPS)]
 
 # A few conversations the renderer comparisons run on: no system turn (SmolLM2's template adds
 # its own), a system turn, several turns, and text whose tokens could merge across a boundary.
@@ -78,7 +82,7 @@ def _supervised_text(tokenizer, example: Row, target: float) -> str:
     )
 
 
-@pytest.mark.parametrize("name", sorted(SETUPS))
+@pytest.mark.parametrize("name", SETUP_NAMES)
 @settings(max_examples=40, deadline=None)
 @given(messages=conversations(), train_on=st.sampled_from(list(TrainOnWhat)))
 def test_weights_follow_messages_and_mask_is_next_token_aligned(name, messages, train_on):
@@ -101,7 +105,7 @@ def test_weights_follow_messages_and_mask_is_next_token_aligned(name, messages, 
     assert mask[:-1] == example.weights[1:]
 
 
-@pytest.mark.parametrize("name", sorted(SETUPS))
+@pytest.mark.parametrize("name", SETUP_NAMES)
 def test_user_system_and_unselected_tokens_are_never_supervised(name):
     tokenizer, renderer = setup(name)
     messages = [

@@ -13,6 +13,11 @@ import asyncio
 import json
 
 import pytest
+
+from tests import extras
+
+pytest.importorskip("verifiers", reason=extras.reason("tito"))
+
 import renderers.base
 import requests
 import torch

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from cortex_recipes.run import CheckpointError, RunCheckpoints
+from tests import extras
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, extras.requires("grpo")]
 
 ROOT = Path(__file__).resolve().parents[2]
 ASYNC_SMOKE = "recipes/rl/async_grpo/configs/local-cpu-tiny-qwen3-smoke.json"

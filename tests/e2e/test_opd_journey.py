@@ -5,8 +5,9 @@ import json
 import pytest
 
 from recipes.distillation.on_policy.train import Config, main
+from tests import extras
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, extras.requires("opd")]
 
 
 def test_opd_two_steps_score_every_sampled_token_and_keep_the_teacher_frozen(tmp_path):

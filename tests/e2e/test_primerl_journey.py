@@ -13,9 +13,11 @@ from cortex_recipes import profiles
 from cortex_recipes.primerl.launch import ENV_VAR
 from cortex_recipes.rl.profile import GRPOProfile
 from recipes.rl.async_grpo import train
+from tests import extras
 
 pytestmark = [
     pytest.mark.e2e,
+    extras.requires("grpo"),
     pytest.mark.skipif(
         not os.environ.get(ENV_VAR),
         reason=f"no prime-rl environment: set {ENV_VAR} to its python",

@@ -17,6 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from tests import extras
+
+pytest.importorskip("msgspec", reason=extras.reason("grpo"))
+
 from cortex_recipes.models import resolve_model_path
 from cortex_recipes.primerl import broadcasts
 from cortex_recipes.primerl.inference import InferenceAdapter

@@ -10,9 +10,10 @@ import time
 import pytest
 
 from cortex_recipes.run import RunCheckpoints
+from tests import extras
 from tests.e2e.test_grpo_journeys import ROOT, command, metrics, run
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, extras.requires("opd")]
 
 JOURNEYS = {  # module, steps, overrides (the default profiles run SmolLM2: kept short)
     "sft": (

@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 
 from recipes.sft.conversational.train import Config, main
+from tests import extras
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, extras.requires("sft")]
 
 SMOKE = "recipes/sft/conversational/configs/local-cpu-tiny-qwen3.json"  # the default: SmolLM2
 

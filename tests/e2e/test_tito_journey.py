@@ -13,6 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests import extras
+
+pytest.importorskip("verifiers", reason=extras.reason("tito"))
+
 from cortex_recipes.run import RunCheckpoints
 from recipes.agentic.tito.qualify import copy_run_until
 from recipes.agentic.tito.train import Config, main

@@ -10,8 +10,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import msgspec
 import pytest
+
+from tests import extras
+
+pytest.importorskip("msgspec", reason=extras.reason("grpo"))
+
+import msgspec
 import torch
 from cortex_training import wire
 

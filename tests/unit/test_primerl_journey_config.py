@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from tests import extras
+
+pytest.importorskip("msgspec", reason=extras.reason("grpo"))
+
 from cortex_recipes.primerl import journey
 from cortex_recipes.rl.profile import load_grpo_profile
 

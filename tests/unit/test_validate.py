@@ -8,9 +8,12 @@ import pytest
 import yaml
 
 from cortex_recipes import cli, journeys, validate
+from tests import extras
 from tests.unit.recipe_fixtures import OPD, ROOT, SFT, copy_repository, edit
 
-pytestmark = pytest.mark.unit
+# The validator checks that every landed journey's entry point imports only installed
+# packages, so it needs every journey's extra (`nix develop`, `uv sync --all-extras`).
+pytestmark = [pytest.mark.unit, extras.requires("sft", "opd", "grpo", "tito")]
 
 
 @pytest.fixture
