@@ -1,6 +1,7 @@
 """The SFT journey end to end on the local backend (smoke profile), twice: same numbers."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -34,3 +35,31 @@ def test_rerunning_a_finished_sft_run_returns_it_without_training_again(tmp_path
     metrics_before = (tmp_path / "metrics.jsonl").read_text()
     again = main(Config(log_path=str(tmp_path)))  # if_exists=resume, the default
     assert again == first and (tmp_path / "metrics.jsonl").read_text() == metrics_before
+
+
+def test_sft_trains_from_a_parquet_file_through_datasets_with_tensorboard(tmp_path):
+    """The checked-in conversations as Parquet give the same run as the JSONL default; the
+    run's TensorBoard events hold the metrics.jsonl losses."""
+    import datasets
+
+    from cortex_recipes.trackers import read_tensorboard_scalars
+    from recipes.sft.conversational.train import DEFAULT_PROFILE
+
+    jsonl = Path(DEFAULT_PROFILE).resolve().parents[1] / "data" / "identity.jsonl"
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+    parquet = tmp_path / "identity.parquet"
+    datasets.Dataset.from_list(rows).to_parquet(str(parquet))
+
+    default = main(Config(log_path=str(tmp_path / "jsonl")))
+    from_parquet = main(
+        Config(
+            log_path=str(tmp_path / "parquet"),
+            overrides=(f"dataset={parquet}",),
+            tensorboard_dir=str(tmp_path / "tb"),
+        )
+    )
+    assert from_parquet["losses"] == default["losses"]
+    config = json.loads((tmp_path / "parquet" / "config.json").read_text())
+    assert config["profile"]["dataset"] == str(parquet)
+    events = read_tensorboard_scalars(tmp_path / "tb" / "parquet")
+    assert [value for _, value in events["loss"]] == pytest.approx(from_parquet["losses"])

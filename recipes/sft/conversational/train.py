@@ -75,7 +75,7 @@ def main(config: Config) -> dict:
     renderer = make_renderer(tokenizer, profile.renderer)
     examples = [
         render_supervised(messages, tokenizer, renderer, profile.train_on_what)
-        for messages in sft.load_conversations(profile.dataset_path)
+        for messages in profile.conversations()
     ]
     pad_id = (
         tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
