@@ -125,6 +125,10 @@ class Trackers:
         self.sinks = []
 
 
+def _missing(exc: BaseException) -> bool:
+    return isinstance(exc, ImportError)
+
+
 def open_trackers(
     *,
     tensorboard_dir: str = "",
@@ -139,17 +143,18 @@ def open_trackers(
         try:
             sinks.append(TensorBoardSink(Path(tensorboard_dir) / run_dir.name))
         except Exception as exc:
-            log.warning("tensorboard_dir=%r: TensorBoard is off for this run (%s: %s); "
-                        "install the trackers extra (tensorboardX)", tensorboard_dir,
-                        type(exc).__name__, exc)  # fmt: skip
+            hint = "; install the trackers extra (tensorboardX)" if _missing(exc) else ""
+            log.warning("tensorboard_dir=%r: TensorBoard is off for this run (%s: %s)%s",
+                        tensorboard_dir, type(exc).__name__, exc, hint)  # fmt: skip
     if wandb_project:
         directory = Path(os.environ.get("WANDB_DIR") or run_dir)
         try:
             sinks.append(WandbSink(wandb_project, run_dir.name, directory, config or {}))
         except Exception as exc:
-            log.warning("wandb_project=%r: W&B is off for this run (%s: %s); install the "
-                        "trackers extra (wandb), and set WANDB_MODE=offline without an "
-                        "account", wandb_project, type(exc).__name__, exc)  # fmt: skip
+            hint = ("; install the trackers extra (wandb)" if _missing(exc)
+                    else "; without an account or network set WANDB_MODE=offline")  # fmt: skip
+            log.warning("wandb_project=%r: W&B is off for this run (%s: %s)%s",
+                        wandb_project, type(exc).__name__, exc, hint)  # fmt: skip
     return Trackers(sinks)
 
 
