@@ -210,6 +210,27 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from cortex_recipes.plots import PlotError, plot_runs
+
+    if args.out:
+        out = Path(args.out)
+    elif len(args.runs) == 1:
+        out = Path(args.runs[0]) / "plots"
+    else:
+        print("error: --out is required with several run dirs (default: <run dir>/plots for one)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        written = plot_runs(args.runs, out)
+    except PlotError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(path)
+    return 0 if written else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cortex-recipes")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
@@ -307,6 +328,19 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--merge-lora", action="store_true", help="fold a LoRA adapter in")
     export.add_argument("--checkpoint", help="a checkpoint_id from the run's checkpoints.jsonl")
     export.set_defaults(func=_cmd_export)
+
+    plot = commands.add_parser(
+        "plot",
+        help="write PNGs of loss, reward, teacher KL, policy lag and eval curves of runs",
+        description=(
+            "Reads each RUN's metrics.jsonl and writes one PNG per curve some run reports "
+            "(loss, reward, teacher_kl, mismatch_kl, policy_lag, eval), the runs overlaid; "
+            "prints the paths written. Exits 1 if no run reports a plotted key."
+        ),
+    )
+    plot.add_argument("runs", nargs="+", metavar="RUN", help="a run folder (runs/<journey>/<run>)")
+    plot.add_argument("--out", help="output folder (default with one run: <run>/plots)")
+    plot.set_defaults(func=_cmd_plot)
 
     catalog = commands.add_parser("catalog", help="the model catalog (model-catalog/)")
     catalog_commands = catalog.add_subparsers(dest="catalog_command", required=True)

@@ -31,7 +31,11 @@ Invariants this module keeps:
 
 Every journey's command-line ``Config`` subclasses :class:`RunConfig`, which holds the fields
 they share (``profile``, ``connection``, ``run_name``, ``log_path``, ``if_exists``,
-``overrides``, ``progress``); a journey adds its own and sets its default profile with :func:`profile_field`.
+``overrides``, ``progress``, and the optional trackers ``tensorboard_dir`` and
+``wandb_project``); a journey adds its own and sets its default profile with
+:func:`profile_field`. ``metrics.jsonl`` is the source of truth; the trackers
+(:mod:`cortex_recipes.trackers`) get each record after it is written, and a tracker failure
+logs a warning and never stops the run.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ import requests
 
 from cortex_recipes.metrics import validate_record
 from cortex_recipes.qualify import git_revision
+from cortex_recipes.trackers import Trackers, open_trackers
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +118,12 @@ class RunConfig:
     progress: bool = chz.field(
         default=True,
         doc="live progress bars on stderr when it is a terminal (CORTEX_RECIPES_PROGRESS=0: off)",
+    )
+    tensorboard_dir: str = chz.field(
+        default="", doc="also write TensorBoard event files to <dir>/<run folder name>/"
+    )
+    wandb_project: str = chz.field(
+        default="", doc="also log to this W&B project (WANDB_MODE=offline works without network)"
     )
 
     def open_run(self, journey: str, profile: Any) -> Run:
@@ -200,6 +211,8 @@ class Run:
         self.resumed_from_step: int | None = resume["step"] if resume else None
         self.finished: dict[str, Any] | None = None
         self._progress: Any = None
+        #: TensorBoard / W&B sinks fed after metrics.jsonl (cortex_recipes.trackers)
+        self.trackers = Trackers()
 
     @property
     def backend_dir(self) -> Path:
@@ -219,6 +232,7 @@ class Run:
         written."""
         validate_record(schema or self.journey, record)
         self._append("metrics.jsonl", record)
+        self.trackers.log(record)
         if self._progress is not None:
             self._progress.update(record)
 
@@ -249,6 +263,7 @@ class Run:
         self.close_progress()
         data = {**data, "run_dir": str(self.path), "git_revision": git_revision()}
         _write_json_atomic(self.path / "summary.json", data)
+        self.trackers.close()
         return data
 
     def reload_resume(self) -> dict[str, Any] | None:
@@ -371,6 +386,12 @@ def open_run(
             "git_revision": git_revision(),
             "resumed_from_step": run.resumed_from_step,
         },
+    )
+    run.trackers = open_trackers(
+        tensorboard_dir=getattr(config, "tensorboard_dir", ""),
+        wandb_project=getattr(config, "wandb_project", ""),
+        run_dir=path,
+        config={"journey": journey, "profile": profile.raw, "config_hash": profile.config_hash},
     )
     return run
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -98,7 +97,10 @@ class SFTProfile:
 
     name: str = setting(doc="the profile name (the file's stem)")
     model_name: str = setting(doc="a fixture name, a hub name or a local model directory")
-    dataset: str = setting(doc="JSONL of {messages: [...]}, relative to the recipe folder")
+    dataset: str = setting(
+        doc="rows of {messages: [...]}: a .json/.jsonl/.parquet file relative to the recipe "
+        "folder, or hub:<owner>/<name>@<commit>[:<split>] (docs/datasets.md)"
+    )
     max_seq_len: int = setting(gt=0, doc="rows are cut to this many tokens before the shift")
     batch_size: int = setting(
         gt=0, doc="conversations per optimiser step, across all GPUs (the global batch)"
@@ -134,8 +136,17 @@ class SFTProfile:
         return profiles.config_hash(self.raw)
 
     @property
+    def recipe_dir(self) -> Path:
+        """The folder a relative ``dataset`` is read from (the one holding configs/)."""
+        return self.path.parent.parent.resolve()
+
+    @property
     def dataset_path(self) -> Path:
-        return (self.path.parent.parent / self.dataset).resolve()
+        return (self.recipe_dir / self.dataset).resolve()
+
+    def conversations(self) -> list[list[dict[str, Any]]]:
+        """The training conversations of ``dataset``, through ``datasets``."""
+        return load_conversations(self.dataset, self.recipe_dir)
 
     @property
     def train_on_what(self) -> TrainOnWhat:
@@ -170,23 +181,21 @@ def load_profile(path: str | Path, overrides: Sequence[str] = ()) -> SFTProfile:
     return replace(profile, path=path, raw=raw)
 
 
-def load_conversations(path: Path) -> list[list[dict[str, Any]]]:
-    """One conversation per JSONL line: ``{"messages": [...]}``."""
-    conversations = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError as exc:
-            raise ProfileError(f"{path}:{n} is not valid JSON: {exc}") from exc
-        messages = record.get("messages") if isinstance(record, dict) else None
-        if not isinstance(messages, list) or not messages:
-            raise ProfileError(f"{path}:{n} needs a non-empty messages list")
-        conversations.append(messages)
-    if not conversations:
-        raise ProfileError(f"{path} holds no conversations")
-    return conversations
+def load_conversations(
+    source: str | Path, base_dir: Path | None = None, *, field: str = "dataset"
+) -> list[list[dict[str, Any]]]:
+    """One conversation per row of ``source``'s ``messages`` column, loaded through
+    ``datasets`` (:mod:`cortex_recipes.data`: a local JSON/JSONL/Parquet file relative to
+    ``base_dir``, or a pinned Hub id). A message's keys that are null (Arrow fills the keys
+    other rows' messages have) are dropped."""
+    from cortex_recipes.data import load_records, messages_column
+
+    base = Path(base_dir) if base_dir is not None else Path.cwd()
+    rows = load_records(field, str(source), base, {"messages": messages_column})
+    return [
+        [{k: v for k, v in message.items() if v is not None} for message in row["messages"]]
+        for row in rows
+    ]
 
 
 def batches(n_examples: int, batch_size: int, steps: int, seed: int) -> list[list[int]]:

@@ -53,6 +53,7 @@ def test_weighted_messages_are_scored_before_and_after_through_the_trainer(tmp_p
     block = {**spec, "prompts": spec["prompts"][:1], "controls": [], "max_tokens": 2}
     result = main(
         Config(
+            profile=SMOKE,
             log_path=str(tmp_path),
             overrides=("dataset=data/weighted.jsonl", "steps=2", f"eval={json.dumps(block)}"),
         )
@@ -65,3 +66,31 @@ def test_weighted_messages_are_scored_before_and_after_through_the_trainer(tmp_p
         assert compared["before"][side] != compared["after"][side]  # training moved them
     assert compared["gain_difference"]["n"] == n
     assert (compared["full_weight"], compared["down_weight"]) == (1.0, 0.2)
+
+
+def test_sft_trains_from_a_parquet_file_through_datasets_with_tensorboard(tmp_path):
+    """The checked-in conversations as Parquet give the same run as the JSONL default; the
+    run's TensorBoard events hold the metrics.jsonl losses."""
+    import datasets
+
+    from cortex_recipes.trackers import read_tensorboard_scalars
+
+    jsonl = Path(SMOKE).resolve().parents[1] / "data" / "identity.jsonl"
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+    parquet = tmp_path / "identity.parquet"
+    datasets.Dataset.from_list(rows).to_parquet(str(parquet))
+
+    default = main(Config(profile=SMOKE, log_path=str(tmp_path / "jsonl")))
+    from_parquet = main(
+        Config(
+            profile=SMOKE,
+            log_path=str(tmp_path / "parquet"),
+            overrides=(f"dataset={parquet}",),
+            tensorboard_dir=str(tmp_path / "tb"),
+        )
+    )
+    assert from_parquet["losses"] == default["losses"]
+    config = json.loads((tmp_path / "parquet" / "config.json").read_text())
+    assert config["profile"]["dataset"] == str(parquet)
+    events = read_tensorboard_scalars(tmp_path / "tb" / "parquet")
+    assert [value for _, value in events["loss"]] == pytest.approx(from_parquet["losses"])

@@ -23,6 +23,8 @@ COPIED = (
     "docs/async-grpo.md",
     "docs/journeys.md",
     "docs/metrics.md",
+    "docs/datasets.md",
+    "docs/plots-and-trackers.md",
 )
 
 SFT = "recipes/sft/conversational"

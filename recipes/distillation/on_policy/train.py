@@ -84,11 +84,7 @@ def main(config: Config) -> dict:
 
     student_tok = load_tokenizer(profile.student_model)
     teacher_lib.check_same_tokenizer(student_tok, load_tokenizer(profile.teacher_model))
-    prompts = [
-        json.loads(line)["prompt"]
-        for line in profile.prompts_path.read_text().splitlines()
-        if line.strip()
-    ]
+    prompts = profile.prompt_texts()
     prompt_ids = [chat_prompt_ids(student_tok, p) for p in prompts]
     pad_id = frames.pad_id(student_tok)
     rng = random.Random(profile.seed)

@@ -78,7 +78,7 @@ def main(config: Config) -> dict:
 
     tokenizer = load_tokenizer(profile.model_name)
     renderer = make_renderer(tokenizer, profile.renderer)
-    conversations = sft.load_conversations(profile.dataset_path)
+    conversations = profile.conversations()
     comparison = profile.eval.weight_comparison if profile.eval else None
     if comparison:
         comparison.check_data(conversations)

@@ -19,7 +19,10 @@ class OPDProfile:
     name: str = setting(doc="the profile name (the file's stem)")
     student_model: str = setting(doc="the model that trains (a fixture, hub name or directory)")
     teacher_model: str = setting(doc="the frozen teacher; it must share the student's tokenizer")
-    prompts: str = setting(doc="JSONL of {prompt: ...}, relative to the recipe folder")
+    prompts: str = setting(
+        doc="rows of {prompt: ...}: a .json/.jsonl/.parquet file relative to the recipe "
+        "folder, or hub:<owner>/<name>@<commit>[:<split>] (docs/datasets.md)"
+    )
     max_seq_len: int = setting(gt=0, doc="prompt + completion tokens per rollout")
     rollouts_per_step: int = setting(
         gt=0, doc="student rollouts per optimiser step, across all GPUs (the global batch)"
@@ -66,6 +69,15 @@ class OPDProfile:
     @property
     def prompts_path(self) -> Path:
         return (self.path.parent.parent / self.prompts).resolve()
+
+    def prompt_texts(self) -> list[str]:
+        """The ``prompt`` column of ``prompts``, through ``datasets`` (cortex_recipes.data)."""
+        from cortex_recipes.data import load_records, prompt_column
+
+        rows = load_records(
+            "prompts", self.prompts, self.path.parent.parent.resolve(), {"prompt": prompt_column}
+        )
+        return [row["prompt"] for row in rows]
 
     def grpo_config(self) -> dict[str, Any]:
         config: dict[str, Any] = {"eps_clip": self.eps_clip, "teacher_tau": self.teacher_tau}

@@ -1,0 +1,153 @@
+"""Data through `datasets` (cortex_recipes.data): local JSON/JSONL/Parquet, pinned Hub ids."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cortex_recipes import sft
+from cortex_recipes.data import DataError, load_records, parse_source, prompt_column
+from cortex_recipes.distill.profile import load_opd_profile
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+SFT_DIR = ROOT / "recipes" / "sft" / "conversational"
+OPD_CONFIG = (
+    ROOT / "recipes" / "distillation" / "on_policy" / "configs" / "local-cpu-smollm2-teacher.json"
+)
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture(autouse=True)
+def offline_datasets(tmp_path, monkeypatch):
+    """No network, and the Arrow cache in tmp (never in the repository or the user cache)."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("CORTEX_RECIPES_CACHE", str(tmp_path / "cache"))
+
+
+def checked_in_conversations() -> list[list[dict]]:
+    lines = (SFT_DIR / "data" / "identity.jsonl").read_text().splitlines()
+    return [json.loads(line)["messages"] for line in lines if line.strip()]
+
+
+def write_parquet(path: Path, rows: list[dict]) -> Path:
+    import datasets
+
+    datasets.Dataset.from_list(rows).to_parquet(str(path))
+    return path
+
+
+def test_the_checked_in_jsonl_loads_through_datasets_unchanged(tmp_path):
+    conversations = sft.load_conversations("data/identity.jsonl", SFT_DIR)
+    assert conversations == checked_in_conversations()
+    assert (tmp_path / "cache" / "datasets").is_dir()  # the Arrow cache went where it was told
+
+
+def test_parquet_json_and_jsonl_give_the_same_rows(tmp_path):
+    rows = [{"messages": m} for m in checked_in_conversations()]
+    parquet = write_parquet(tmp_path / "train.parquet", rows)
+    as_json = tmp_path / "train.json"
+    as_json.write_text(json.dumps(rows))
+    expected = checked_in_conversations()
+    assert sft.load_conversations(str(parquet)) == expected
+    assert sft.load_conversations("train.json", tmp_path) == expected
+
+
+def test_null_keys_that_arrow_adds_to_messages_are_dropped(tmp_path):
+    rows = [
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+        {"messages": [{"role": "user", "content": "x", "name": "ann"}]},
+    ]
+    parquet = write_parquet(tmp_path / "mixed.parquet", rows)
+    loaded = sft.load_conversations(str(parquet))
+    assert loaded[0][0] == {"role": "user", "content": "hi"}  # no "name": None
+    assert loaded[1][0] == {"role": "user", "content": "x", "name": "ann"}
+
+
+def test_opd_prompts_load_through_datasets_and_override_with_a_parquet(tmp_path):
+    profile = load_opd_profile(OPD_CONFIG)
+    prompts = profile.prompt_texts()
+    lines = profile.prompts_path.read_text().splitlines()
+    assert prompts == [json.loads(line)["prompt"] for line in lines if line.strip()]
+    parquet = write_parquet(tmp_path / "p.parquet", [{"prompt": "Say hi.", "extra": 1}])
+    other = load_opd_profile(OPD_CONFIG, [f"prompts={parquet}"])
+    assert other.prompt_texts() == ["Say hi."]
+
+
+def test_a_missing_file_names_the_field_value_and_what_is_accepted(tmp_path):
+    with pytest.raises(DataError) as error:
+        load_records("dataset", "data/nope.parquet", tmp_path, {"messages": bool})
+    message = str(error.value)
+    assert "dataset='data/nope.parquet'" in message and "does not exist" in message
+    assert (
+        ".json, .jsonl or .parquet" in message and "hub:<owner>/<name>@<40-hex commit>" in message
+    )
+
+
+def test_an_unknown_file_type_is_refused(tmp_path):
+    (tmp_path / "rows.csv").write_text("prompt\nhi\n")
+    with pytest.raises(DataError, match=r"prompts='rows.csv': file type '.csv' is not read"):
+        load_records("prompts", "rows.csv", tmp_path, {"prompt": prompt_column})
+
+
+def test_a_wrong_column_names_the_columns_found_and_needed(tmp_path):
+    parquet = write_parquet(tmp_path / "q.parquet", [{"question": "hi"}])
+    with pytest.raises(DataError) as error:
+        load_records("prompts", str(parquet), tmp_path, {"prompt": prompt_column})
+    message = str(error.value)
+    assert "no column 'prompt' (columns: question)" in message
+    assert "accepted: rows with 'prompt'" in message
+
+
+def test_a_bad_value_names_the_row_and_column(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "fine"}\n{"prompt": "  "}\n')
+    with pytest.raises(DataError, match=r"row 2 column 'prompt' = '  ' is not a non-empty string"):
+        load_records("prompts", "rows.jsonl", tmp_path, {"prompt": prompt_column})
+
+
+def test_an_empty_dataset_is_refused(tmp_path):
+    import datasets
+
+    datasets.Dataset.from_dict({"prompt": []}).to_parquet(str(tmp_path / "empty.parquet"))
+    # datasets itself refuses a Parquet file without rows; either way the field is named.
+    with pytest.raises(DataError, match=r"prompts='empty.parquet'.*(has no rows|no data)"):
+        load_records("prompts", "empty.parquet", tmp_path, {"prompt": prompt_column})
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ("hub:owner/name", "has no revision"),
+        ("hub:owner/name@main", "has revision 'main'"),
+        ("hub:owner/name@v1.0:train", "has revision 'v1.0'"),
+        (f"hub:owner/name@{COMMIT[:12]}", f"has revision '{COMMIT[:12]}'"),
+    ],
+)
+def test_an_unpinned_hub_id_fails_closed(tmp_path, value, says):
+    with pytest.raises(DataError) as error:
+        parse_source("dataset", value, tmp_path)
+    message = str(error.value)
+    assert f"dataset={value!r}" in message and says in message
+    assert "pinned to the full 40-hex commit" in message
+
+
+def test_a_pinned_hub_id_parses_and_offline_it_fails_naming_it(tmp_path):
+    source = parse_source("dataset", f"hub:owner/name@{COMMIT}:validation", tmp_path)
+    assert (source.repo, source.revision, source.split) == ("owner/name", COMMIT, "validation")
+    assert parse_source("dataset", f"hub:owner/name@{COMMIT}", tmp_path).split == "train"
+    with pytest.raises(DataError) as error:
+        load_records("dataset", f"hub:owner/name@{COMMIT}", tmp_path, {"messages": bool})
+    assert f"owner/name@{COMMIT} split 'train' could not be loaded through datasets" in str(
+        error.value
+    )
+    assert not (tmp_path / "cache" / "datasets" / "downloads").exists()
+
+
+def test_a_malformed_hub_id_is_refused(tmp_path):
+    with pytest.raises(DataError, match="is not a Hub id"):
+        parse_source("dataset", "hub:justaname", tmp_path)
