@@ -223,6 +223,8 @@ def record_evidence(
     evidence_dir = recipe_dir / "evidence"
     evidence_dir.mkdir(exist_ok=True)
     path = evidence_dir / f"{profile_name}.json"
+    stem = profile_name if passed else f"{profile_name}.failed"
+    record["plots"] = evidence_plots(evidence_dir / "plots" / stem, runs, recipe_dir)
     if not passed:
         failed = evidence_dir / f"{profile_name}.failed.json"
         failed.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
@@ -232,6 +234,47 @@ def record_evidence(
         recipe_dir / "recipe.yaml", profile_name, today, path.relative_to(recipe_dir).as_posix()
     )
     return path
+
+
+def run_dirs_of(runs: Any) -> list[Path]:
+    """Every ``run_dir`` named in ``runs`` (summaries, nested lists and dicts) that still holds
+    a ``metrics.jsonl``, once each, in order."""
+    found: list[Path] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            run_dir = value.get("run_dir")
+            if isinstance(run_dir, str) and (Path(run_dir) / "metrics.jsonl").is_file():
+                if Path(run_dir) not in found:
+                    found.append(Path(run_dir))
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(runs)
+    return found
+
+
+def evidence_plots(out_dir: Path, runs: Any, recipe_dir: Path) -> list[str]:
+    """PNG curves of the qualification's runs next to its record (``cortex-recipes plot``),
+    paths relative to the recipe folder. A plotting failure is logged and never loses the
+    record: the list is then empty."""
+    run_dirs = run_dirs_of(runs)
+    if not run_dirs:
+        return []
+    try:
+        from cortex_recipes.plots import plot_runs
+
+        if out_dir.is_dir():
+            for old in out_dir.glob("*.png"):
+                old.unlink()
+        written = plot_runs(run_dirs, out_dir)
+    except Exception as exc:  # plots back the record; they must never cost it
+        log.warning("could not plot the qualification runs into %s: %s", out_dir, exc)
+        return []
+    return [Path(p).resolve().relative_to(recipe_dir.resolve()).as_posix() for p in written]
 
 
 def set_last_validated(recipe_yaml: Path, profile_name: str, date: str, evidence: str) -> None:

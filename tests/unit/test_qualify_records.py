@@ -145,3 +145,31 @@ def test_validator_rejects_last_validated_backed_by_a_failed_qualification(demo)
         f"{label}: last_validated='2026-01-01' but evidence 'evidence/cpu.failed.json' has passed=False"
         in found
     )
+
+
+def test_a_record_carries_plots_of_its_runs_next_to_it(demo, tmp_path):
+    run_dir = tmp_path / "run0"
+    run_dir.mkdir()
+    lines = [{"step": s, "loss": 1.0 / s, "eval/accuracy": 0.1 * s} for s in (1, 2, 3)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    gone = {"run_dir": str(tmp_path / "deleted")}  # a run folder that no longer exists
+    runs = [{"run_dir": str(run_dir)}, {"smoke": [gone, {"run_dir": str(run_dir)}]}]
+    path = qualify.record_evidence(
+        demo / DEMO, "cpu", "0123456789abcdef", runs, {"ok": True}, metrics={"final_loss": 0.5}
+    )
+    record = json.loads(path.read_text())
+    assert record["plots"] == ["evidence/plots/cpu/loss.png", "evidence/plots/cpu/eval.png"]
+    for plot in record["plots"]:
+        assert (demo / DEMO / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_record_without_plottable_runs_has_no_plots_and_still_passes(demo):
+    path = qualify.record_evidence(
+        demo / DEMO,
+        "cpu",
+        "0123456789abcdef",
+        [{"run_dir": "/nonexistent"}],
+        {"ok": True},
+        metrics={"final_loss": 0.5},
+    )
+    assert json.loads(path.read_text())["plots"] == []
