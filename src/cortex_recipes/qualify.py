@@ -244,9 +244,12 @@ def run_dirs_of(runs: Any) -> list[Path]:
     def walk(value: Any) -> None:
         if isinstance(value, dict):
             run_dir = value.get("run_dir")
-            if isinstance(run_dir, str) and (Path(run_dir) / "metrics.jsonl").is_file():
-                if Path(run_dir) not in found:
-                    found.append(Path(run_dir))
+            if (
+                isinstance(run_dir, str)
+                and (Path(run_dir) / "metrics.jsonl").is_file()
+                and Path(run_dir) not in found
+            ):
+                found.append(Path(run_dir))
             for item in value.values():
                 walk(item)
         elif isinstance(value, list):
