@@ -171,6 +171,9 @@ def qualify_image(
     ]  # fmt: skip
     if gpus:
         command += ["--gpus", "all"] if engine == "docker" else ["--device", "nvidia.com/gpu=all"]
+    hf_cache = os.environ.get("HF_CACHE")
+    if hf_cache:  # the host's Hugging Face hub cache, read-only, where the image looks
+        command += ["-v", f"{Path(hf_cache).resolve()}:/hf-cache:ro"]
     command += [image, "qualify"] + ([f"profile={profile}"] if profile else [])
     started = time.monotonic()
     proc = subprocess.run(command, check=False)
@@ -222,7 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--profile", help="qualify: a profile name (default: the image picks)")
     parser.add_argument("--out", help="qualify: the directory mounted at /out")
-    parser.add_argument("--gpus", action="store_true", help="qualify: give the container the GPUs")
+    parser.add_argument(
+        "--gpus",
+        action="store_true",
+        help="qualify: give the container the GPUs ($HF_CACHE, if set, is mounted at /hf-cache)",
+    )
     args = parser.parse_args(argv)
 
     journeys = landed_journeys()

@@ -14,8 +14,9 @@ Where the identity fields come from, each recorded beside it:
   (no git) ``$CORTEX_RECIPES_REVISION``, which the Dockerfile sets from its ``REVISION`` build
   argument; else null.
 - ``image_digest`` / ``image_digest_source``: ``$CORTEX_RECIPES_IMAGE_DIGEST`` (``ci/images.py
-  qualify`` passes the image ID); else the ``imageid`` podman writes to ``/run/.containerenv``;
-  else null (docker shows a container no image ID; the source says so).
+  qualify`` passes the image ID); else the ``imageid`` podman writes to ``/run/.containerenv``
+  (for ``--privileged`` containers); else null (docker shows a container no image ID; the
+  source says so).
 
 ``$CORTEX_RECIPES_EVIDENCE_DIR`` sends the record to another folder (the image's ``/out``) and
 leaves ``recipe.yaml`` alone; ``$CORTEX_RECIPES_RUNS`` (:func:`cortex_recipes.run.runs_root`)
@@ -115,7 +116,10 @@ def image_identity(containerenv: Path = CONTAINERENV) -> tuple[str | None, str]:
             key, _, value = line.partition("=")
             if key.strip() == "imageid" and value.strip().strip('"'):
                 return value.strip().strip('"'), f"{containerenv} imageid (the podman image ID)"
-        return None, f"unknown: {containerenv} names no imageid; {hint}"
+        return None, (
+            f"unknown: {containerenv} names no imageid (podman fills it for --privileged "
+            f"containers only); {hint}"
+        )
     if Path("/.dockerenv").exists():
         return None, f"unknown: docker shows a container no image ID; {hint}"
     return None, "none: not run in an image"
