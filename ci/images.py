@@ -18,9 +18,10 @@ the same commit and base give the same image. The OCI labels carry the source, r
 version, journey and uv.lock hash. A JSON line per journey goes to stdout: build, smoke and
 qualify seconds, image size and digest.
 
-The journey-independent stages (``deps``: compiler, uv, the ``local`` venv; ``runtime``: that
-venv and the baked-in model fixtures on the base) are built and tagged once; each journey's
-image is ``runtime`` plus a small layer (its extra's files, the project, the recipes).
+The journey-independent stages (``runtime``: the base, the ``local`` venv synced in place and
+the baked-in model fixtures; ``toolchain``: that venv plus a compiler and uv) are built and
+tagged once; each journey's image is ``runtime`` plus a small layer (the files its extra and
+the project add to the venv, the recipes).
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def build(engine: str, journey: dict, base: str | None, tag: str, no_cache: bool
     return time.monotonic() - started
 
 
-SHARED_STAGES = ("deps", "runtime")
+SHARED_STAGES = ("toolchain", "runtime")
 
 
 def build_shared(engine: str, base: str | None) -> list[str]:
