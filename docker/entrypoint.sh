@@ -14,7 +14,7 @@
 # as: pass `--user "$(id -u):$(id -g)"`, or start it as root (`--user 0`) and the entrypoint
 # drops to the owner of /out (or to $CORTEX_UID:$CORTEX_GID) before running anything.
 set -eu
-OUT=/out
+OUT="${CORTEX_OUT:-/out}"  # /out in an image; tests point it elsewhere
 if [ "$(id -u)" = 0 ] && [ -d "$OUT" ] && [ -z "${CORTEX_DROPPED:-}" ]; then
   uid="${CORTEX_UID:-$(stat -c %u "$OUT")}"
   gid="${CORTEX_GID:-$(stat -c %g "$OUT")}"
