@@ -128,12 +128,14 @@ def profile_hub_models(root: Path, journey_name: str, profile_name: str) -> list
     import json
 
     from cortex_recipes import journeys
-    from cortex_recipes.weights import load_pins
+    from cortex_recipes.weights import CATALOG_MODELS, load_pins
 
     journey = journeys.get_journey(root, journey_name)
     recipe = journeys.load_recipe(journey.path(root) / "recipe.yaml")
     profile = journeys.get_profile(recipe, profile_name, f"{journey.folder}/recipe.yaml")
     raw = json.loads((journey.path(root) / profile["config"]).read_text())
+    if not (root / CATALOG_MODELS).is_file():
+        return []  # a repository without a model catalog names no hub models
     hub = load_pins(root)
     found: list[str] = []
 
@@ -193,6 +195,7 @@ def _cmd_qualify(args: argparse.Namespace) -> int:
         except LookupError as exc:
             raise JourneyError(str(exc)) from exc
         log.info("qualify %s: profile %s (%s)", args.journey, profile, why)
+    command = qualification_command(root, args.journey, profile, args.overrides)
     problems = weight_problems(root, args.journey, profile)
     if problems:
         for problem in problems:
@@ -202,7 +205,6 @@ def _cmd_qualify(args: argparse.Namespace) -> int:
             args.journey, profile,
         )  # fmt: skip
         return 2
-    command = qualification_command(root, args.journey, profile, args.overrides)
     env = dict(os.environ)
     if args.out:
         out = Path(args.out).resolve()

@@ -99,13 +99,13 @@ def test_a_gpu_profile_names_its_pinned_hub_models():
     assert cli.profile_hub_models(ROOT, "sft", "local-cpu-smollm2-lora") == []
 
 
-def test_qualify_of_a_profile_with_unverified_weights_runs_nothing(monkeypatch, capsys):
+def test_qualify_of_a_profile_with_unverified_weights_runs_nothing(monkeypatch, caplog):
     def no_run(*args, **kwargs):
         raise AssertionError("nothing may run before the weights verify")
 
     monkeypatch.setattr(cli.subprocess, "run", no_run)
     assert cli.main(["qualify", "opd", "local-gpu-qwen3-1.7b-to-0.6b", "--root", str(ROOT)]) == 2
-    err = capsys.readouterr().err
+    err = caplog.text
     assert "cortex-recipes models fetch Qwen/Qwen3-1.7B --pin" in err
     assert "nothing ran" in err
 
