@@ -274,10 +274,10 @@ def main(argv: list[str] | None = None) -> int:
             run([args.engine, "tag", tag, pinned])
             result["digest"] = image_digest(args.engine, tag)
             result["size_mb"] = round(image_size(args.engine, tag) / 2**20)
+            result["id"] = image_id(args.engine, tag)
             if args.reproducible:
                 again = f"{tag}-again"
                 build(args.engine, journey, args.base, again, no_cache=True)
-                result["id"] = image_id(args.engine, tag)
                 result["id_again"] = image_id(args.engine, again)
                 result["reproducible"] = same_image(result["id"], result["id_again"])
                 run([args.engine, "rmi", again])
