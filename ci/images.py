@@ -4,12 +4,24 @@
     python ci/images.py --journey sft --keep            # one journey, keep the image
     python ci/images.py --base localhost/cortex-ci-base:bookworm   # CI: a local base image
     python ci/images.py --journey sft --reproducible    # build twice, compare image IDs
+    python ci/images.py --journey sft --qualify sft     # CI: build, smoke, CPU qualify in the image
+    python ci/images.py qualify --journey sft [--profile P] [--gpus] [--out DIR]   # a built image
+
+``qualify`` runs the image's ``qualify`` verb with a directory mounted at /out, the image ID
+passed in as ``CORTEX_RECIPES_IMAGE_DIGEST``, and then checks the record it wrote there: it
+passed, it has every record field, its config hash is the config's in this checkout, and its
+revision and image digest are not null (``cortex_recipes.validate.check_image_record``).
 
 Images are tagged ``cortex/<journey>:<version>`` and ``cortex/<journey>:pinned``. They are
 built with ``SOURCE_DATE_EPOCH`` set to the commit time and ``--timestamp`` at that time, so
 the same commit and base give the same image. The OCI labels carry the source, revision,
-version, journey and uv.lock hash. A JSON line per journey goes to stdout: build and smoke
-seconds, image size and digest.
+version, journey and uv.lock hash. A JSON line per journey goes to stdout: build, smoke and
+qualify seconds, image size and digest.
+
+The journey-independent stages (``runtime``: the base, the ``local`` venv synced in place and
+the baked-in model fixtures; ``toolchain``: that venv plus a compiler and uv) are built and
+tagged once; each journey's image is ``runtime`` plus a small layer (the files its extra and
+the project add to the venv, the recipes).
 """
 
 from __future__ import annotations
@@ -17,9 +29,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -112,22 +126,87 @@ def build(engine: str, journey: dict, base: str | None, tag: str, no_cache: bool
     return time.monotonic() - started
 
 
-def build_deps(engine: str, base: str | None) -> str | None:
-    """Build and tag the journey-independent ``deps`` stage once (podman), so that every
-    journey's build reuses its layers and pruning one journey's leftovers keeps them. BuildKit
-    (docker) caches stages on its own; there this returns None."""
+SHARED_STAGES = ("toolchain", "runtime")
+
+
+def build_shared(engine: str, base: str | None) -> list[str]:
+    """Build and tag the journey-independent stages once (podman), so that every journey's build
+    reuses their layers and pruning one journey's leftovers keeps them. BuildKit (docker)
+    caches stages on its own; there this returns []."""
     if engine == "docker":
-        return None
-    flags, _ = build_args({"name": "deps", "extra": "local"}, base)
+        return []
+    flags, _ = build_args({"name": "shared", "extra": "local"}, base)
     epoch = flags[-1]
-    tag = "cortex-recipes-deps:" + hashlib.sha256((ROOT / "uv.lock").read_bytes()).hexdigest()[:12]
-    command = [engine, "build", "--format", "docker", "--timestamp", epoch, "--target", "deps"]
-    run([*command, "-t", tag, "-f", "docker/Dockerfile", *flags[:-2], "."], cwd=ROOT)
-    return tag
+    lock12 = hashlib.sha256((ROOT / "uv.lock").read_bytes()).hexdigest()[:12]
+    tags = []
+    for stage in SHARED_STAGES:
+        tag = f"cortex-recipes-{stage}:{lock12}"
+        command = [engine, "build", "--format", "docker", "--timestamp", epoch, "--target", stage]
+        started = time.monotonic()
+        run([*command, "-t", tag, "-f", "docker/Dockerfile", *flags[:-2], "."], cwd=ROOT)
+        print(json.dumps({"stage": stage, "build_s": round(time.monotonic() - started, 1)}))
+        tags.append(tag)
+    return tags
+
+
+def qualify_image(
+    engine: str,
+    journey: str,
+    image: str,
+    *,
+    profile: str | None = None,
+    out: Path | None = None,
+    gpus: bool = False,
+) -> dict:
+    """Run ``qualify`` in ``image`` with ``out`` mounted at /out; check the record it wrote."""
+    from cortex_recipes.validate import check_image_record
+
+    out = Path(out or tempfile.mkdtemp(prefix=f"qualify-{journey}-")).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    identity = image_id(engine, image)
+    command = [
+        engine, "run", "--rm", "--user", f"{os.getuid()}:{os.getgid()}",
+        "-v", f"{out}:/out",
+        "-e", f"CORTEX_RECIPES_IMAGE_DIGEST={identity}",
+        "-e", f"CORTEX_RECIPES_IMAGE_DIGEST_SOURCE=ci/images.py: {engine} image inspect {{{{.Id}}}}",
+    ]  # fmt: skip
+    if gpus:
+        command += ["--gpus", "all"] if engine == "docker" else ["--device", "nvidia.com/gpu=all"]
+    hf_cache = os.environ.get("HF_CACHE")
+    if hf_cache:  # the host's Hugging Face hub cache, read-only, where the image looks
+        command += ["-v", f"{Path(hf_cache).resolve()}:/hf-cache:ro"]
+    command += [image, "qualify"] + ([f"profile={profile}"] if profile else [])
+    started = time.monotonic()
+    proc = subprocess.run(command, check=False)
+    result = {
+        "qualify_s": round(time.monotonic() - started, 1),
+        "qualify_rc": proc.returncode,
+        "qualify_out": str(out),
+    }
+    records = sorted((out / "evidence").glob("*.json"))
+    passed = [r for r in records if not r.name.endswith(".failed.json")]
+    if proc.returncode != 0 or len(passed) != 1:
+        result["qualify_problems"] = [
+            f"qualify exited {proc.returncode} and wrote {[r.name for r in records]} under "
+            f"{out / 'evidence'}; expected exactly one passing record"
+        ]
+        return result
+    record = json.loads(passed[0].read_text())
+    result["qualify_record"] = str(passed[0])
+    result["qualify_profile"] = record.get("profile")
+    result["qualify_problems"] = check_image_record(ROOT, journey, record, image_id=identity)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "command",
+        nargs="?",
+        choices=("build", "qualify"),
+        default="build",
+        help="build (default): build, smoke, remove; qualify: qualify in an image already built",
+    )
     parser.add_argument("--engine", default="podman")
     parser.add_argument("--base", default=None, help="base image in place of the pinned one")
     parser.add_argument("--journey", action="append", help="only these journeys (repeatable)")
@@ -138,6 +217,20 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="build twice without the layer cache and compare image IDs",
     )
+    parser.add_argument(
+        "--qualify",
+        action="append",
+        default=[],
+        metavar="JOURNEY[:PROFILE]",
+        help="after the smoke, run qualify in this journey's image and check its record",
+    )
+    parser.add_argument("--profile", help="qualify: a profile name (default: the image picks)")
+    parser.add_argument("--out", help="qualify: the directory mounted at /out")
+    parser.add_argument(
+        "--gpus",
+        action="store_true",
+        help="qualify: give the container the GPUs ($HF_CACHE, if set, is mounted at /hf-cache)",
+    )
     args = parser.parse_args(argv)
 
     journeys = landed_journeys()
@@ -146,8 +239,29 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown or not landed journeys {unknown}")
         journeys = [j for j in journeys if j["name"] in args.journey]
+    qualify = dict(
+        (spec.split(":", 1) + [None])[:2] for spec in args.qualify
+    )  # journey -> profile or None
+    unknown = sorted(set(qualify) - {j["name"] for j in journeys})
+    if unknown:
+        parser.error(f"--qualify names journeys that are not built here: {unknown}")
+    if args.command == "qualify":
+        failed = []
+        for journey in journeys:
+            result = {"journey": journey["name"]}
+            result.update(
+                qualify_image(
+                    args.engine, journey["name"], f"cortex/{journey['name']}:pinned",
+                    profile=args.profile, out=Path(args.out) if args.out else None,
+                    gpus=args.gpus,
+                )
+            )  # fmt: skip
+            if result["qualify_problems"]:
+                failed.append(journey["name"])
+            print(json.dumps(result), flush=True)
+        return 1 if failed else 0
     failed = []
-    deps = None if args.reproducible else build_deps(args.engine, args.base)
+    shared = [] if args.reproducible else build_shared(args.engine, args.base)
     for journey in journeys:
         _, version = build_args(journey, args.base)
         tag = f"cortex/{journey['name']}:{version}"
@@ -160,10 +274,10 @@ def main(argv: list[str] | None = None) -> int:
             run([args.engine, "tag", tag, pinned])
             result["digest"] = image_digest(args.engine, tag)
             result["size_mb"] = round(image_size(args.engine, tag) / 2**20)
+            result["id"] = image_id(args.engine, tag)
             if args.reproducible:
                 again = f"{tag}-again"
                 build(args.engine, journey, args.base, again, no_cache=True)
-                result["id"] = image_id(args.engine, tag)
                 result["id_again"] = image_id(args.engine, again)
                 result["reproducible"] = same_image(result["id"], result["id_again"])
                 run([args.engine, "rmi", again])
@@ -175,6 +289,14 @@ def main(argv: list[str] | None = None) -> int:
                 result["smoke_s"] = round(time.monotonic() - started, 1)
                 result["smoke_rc"] = smoke.returncode
                 if smoke.returncode != 0:
+                    failed.append(journey["name"])
+            if journey["name"] in qualify:
+                result.update(
+                    qualify_image(
+                        args.engine, journey["name"], pinned, profile=qualify[journey["name"]]
+                    )
+                )
+                if result["qualify_problems"]:
                     failed.append(journey["name"])
         except (subprocess.CalledProcessError, ValueError) as exc:
             result["error"] = str(exc)
@@ -191,8 +313,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
             result["disk_free_gb"] = round(shutil.disk_usage("/").free / 2**30, 1)
         print(json.dumps(result), flush=True)
-    if deps and not args.keep:
-        subprocess.run([args.engine, "rmi", "--force", deps], check=False, capture_output=True)
+    if shared and not args.keep:
+        subprocess.run([args.engine, "rmi", "--force", *shared], check=False, capture_output=True)
         subprocess.run([args.engine, "image", "prune", "--force"], check=False, capture_output=True)
     if failed:
         print(f"failed: {sorted(set(failed))}", file=sys.stderr)

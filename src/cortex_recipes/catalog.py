@@ -218,6 +218,7 @@ def validate_catalog(root: Path) -> list[str]:
 
 def _model_problems(models: list[dict[str, Any]]) -> list[str]:
     from cortex_recipes.models import FIXTURE_MODELS
+    from cortex_recipes.weights import pin_problems
 
     problems = []
     names = [m["name"] for m in models]
@@ -232,6 +233,9 @@ def _model_problems(models: list[dict[str, Any]]) -> list[str]:
             )
         if model["source"] == "hub" and model["name"].count("/") != 1:
             problems.append(f"{where}: source='hub' needs an '<org>/<name>' name")
+        if model["source"] == "hub":
+            # the pin's shape; an 'unverified' pin passes here and fails `models verify`
+            problems += [f"{CATALOG}/models.json: {p}" for p in pin_problems(model)]
         problems += [f"{where}: {p}" for p in validate.mutable_references(json.dumps(model))]
     return problems
 

@@ -14,12 +14,47 @@ from pathlib import Path
 from cortex_recipes.export import ExportError
 from cortex_recipes.journeys import JourneyError
 from cortex_recipes.models import FIXTURE_MODELS, ModelNotAvailableError, resolve_model_path
+from cortex_recipes.weights import WeightsError
 
 log = logging.getLogger("cortex_recipes.cli")
 
 
 def _cmd_models_path(args: argparse.Namespace) -> int:
     print(resolve_model_path(args.name))
+    return 0
+
+
+def _cmd_models_verify(args: argparse.Namespace) -> int:
+    from cortex_recipes.weights import load_pins, verify
+
+    root = _root(args)
+    names = args.names or sorted(load_pins(root))
+    problems = []
+    for name in names:
+        folder, found = verify(root, name)
+        problems += found
+        if not found:
+            print(f"ok {name} {folder}")
+    for problem in problems:
+        print(problem)
+    if problems:
+        log.error("models verify: %d problem(s); nothing unverified is used", len(problems))
+        return 1
+    return 0
+
+
+def _cmd_models_fetch(args: argparse.Namespace) -> int:
+    from cortex_recipes.weights import fetch
+
+    folder, problems = fetch(
+        _root(args), args.name, pin=args.pin,
+        local_dir=Path(args.local_dir) if args.local_dir else None,
+    )  # fmt: skip
+    for problem in problems:
+        print(problem)
+    if problems:
+        return 1
+    print(f"ok {args.name} {folder}")
     return 0
 
 
@@ -100,10 +135,63 @@ def stale_targets(root: Path) -> list[tuple[str, str]]:
     return targets
 
 
+def profile_hub_models(root: Path, journey_name: str, profile_name: str) -> list[str]:
+    """The hub models (model-catalog/models.json ``source: hub``) a profile's config names."""
+    import json
+
+    from cortex_recipes import journeys
+    from cortex_recipes.weights import CATALOG_MODELS, load_pins
+
+    journey = journeys.get_journey(root, journey_name)
+    recipe = journeys.load_recipe(journey.path(root) / "recipe.yaml")
+    profile = journeys.get_profile(recipe, profile_name, f"{journey.folder}/recipe.yaml")
+    raw = json.loads((journey.path(root) / profile["config"]).read_text())
+    if not (root / CATALOG_MODELS).is_file():
+        return []  # a repository without a model catalog names no hub models
+    hub = load_pins(root)
+    found: list[str] = []
+
+    def walk(value) -> None:
+        if isinstance(value, str) and value in hub and value not in found:
+            found.append(value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(raw)
+    return found
+
+
+def weight_problems(root: Path, journey_name: str, profile_name: str) -> list[str]:
+    """Every problem ``models verify`` finds in the hub weights a profile needs."""
+    from cortex_recipes.weights import verify
+
+    problems: list[str] = []
+    for name in profile_hub_models(root, journey_name, profile_name):
+        problems += verify(root, name)[1]
+    return problems
+
+
+def _cuda_visible() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception as exc:  # a broken CUDA setup means the CPU profile
+        log.warning("cannot query CUDA: %s", exc)
+        return False
+
+
 def _cmd_qualify(args: argparse.Namespace) -> int:
+    from cortex_recipes import journeys
+    from cortex_recipes.qualify import select_profile
+
     root = _root(args)
     if args.stale:
-        if args.journey or args.profile:
+        if args.journey or (args.profile and args.profile != "auto"):
             raise JourneyError(
                 "qualify --stale re-runs every stale record; give no journey or profile with it"
             )
@@ -111,28 +199,64 @@ def _cmd_qualify(args: argparse.Namespace) -> int:
         if not targets:
             print("no stale evidence: every last_validated is backed by a current record")
             return 0
-        for journey, profile in targets:
-            print(f"re-qualifying {journey} {profile}")
-            code = _qualify_one(root, journey, profile, args.overrides)
+        for journey_name, profile_name in targets:
+            print(f"re-qualifying {journey_name} {profile_name}")
+            code = _qualify_one(root, journey_name, profile_name, list(args.overrides), args.out)
             if code != 0:
                 return code
         return 0
-    if not args.journey or not args.profile:
-        raise JourneyError("qualify needs a journey and a profile (or --stale)")
-    return _qualify_one(root, args.journey, args.profile, args.overrides)
+    if not args.journey:
+        raise JourneyError("qualify needs a journey (and a profile, or auto), or --stale")
+    profile = args.profile or "auto"
+    if "=" in profile:  # `qualify sft key=value`: an override, not a profile name
+        args.overrides.insert(0, profile)
+        profile = "auto"
+    if profile == "auto":
+        journey = journeys.get_journey(root, args.journey)
+        recipe = journeys.load_recipe(journey.path(root) / "recipe.yaml")
+        try:
+            profile, why = select_profile(
+                recipe,
+                cuda=_cuda_visible(),
+                weights_ready=lambda name: weight_problems(root, args.journey, name),
+            )
+        except LookupError as exc:
+            raise JourneyError(str(exc)) from exc
+        log.info("qualify %s: profile %s (%s)", args.journey, profile, why)
+    return _qualify_one(root, args.journey, profile, args.overrides, args.out)
 
 
-def _qualify_one(root: Path, journey: str, profile: str, overrides: list[str]) -> int:
-    command = qualification_command(root, journey, profile, overrides)
-    log.info("running %s in %s", " ".join(command), root)
+def _qualify_one(
+    root: Path, journey_name: str, profile: str, overrides: list[str], out_dir: str | None
+) -> int:
     from cortex_recipes import progress
+    from cortex_recipes.qualify import EVIDENCE_DIR_ENV
+    from cortex_recipes.run import RUNS_ENV
 
-    env = {**os.environ}
+    command = qualification_command(root, journey_name, profile, overrides)
+    problems = weight_problems(root, journey_name, profile)
+    if problems:
+        for problem in problems:
+            log.error("%s", problem)
+        log.error(
+            "qualify %s %s: its hub weights do not verify against their pins; nothing ran",
+            journey_name, profile,
+        )  # fmt: skip
+        return 2
+    env = dict(os.environ)
     env.setdefault(progress.ENV, "1")  # the runs' bars, when stderr is a terminal
-    returncode = subprocess.run(command, cwd=root, check=False, env=env).returncode
+    if out_dir:
+        out = Path(out_dir).resolve()
+        env[EVIDENCE_DIR_ENV] = str(out / "evidence")
+        env[RUNS_ENV] = str(out / "runs")
+    log.info("running %s in %s", " ".join(command), root)
+    returncode = subprocess.run(command, cwd=root, env=env, check=False).returncode
     if returncode != 0:
-        log.error("qualification of %s %s failed (exit %d)", journey, profile, returncode)
+        log.error("qualification of %s %s failed (exit %d)", journey_name, profile, returncode)
         return returncode
+    if out_dir:
+        print(f"evidence {Path(env[EVIDENCE_DIR_ENV]) / (profile + '.json')}")
+        return 0  # the checkout's recipe.yaml and catalog are not this run's to change
     if (root / "model-catalog").is_dir():
         from cortex_recipes.catalog import sync
 
@@ -255,6 +379,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     path.add_argument("name")
     path.set_defaults(func=_cmd_models_path)
+    verify = model_commands.add_parser(
+        "verify",
+        help="check local hub weights against the revision and sha256 pins in models.json",
+        description=(
+            "Offline. Fails (exit 1) on an unfilled pin, a missing file or a hash mismatch, "
+            "each with the command that fixes it. Default: every hub model in the catalog."
+        ),
+    )
+    verify.add_argument("names", nargs="*", help="hub model names (e.g. Qwen/Qwen3-0.6B)")
+    verify.add_argument("--root", help="repository root (default: the nearest with journeys.toml)")
+    verify.set_defaults(func=_cmd_models_verify)
+    fetch = model_commands.add_parser(
+        "fetch",
+        help="download a hub model at its pinned revision (networked machines only), then verify",
+        description=(
+            "Uses huggingface_hub.snapshot_download with the pinned revision, into the Hugging "
+            "Face cache (HF_HUB_CACHE / HF_HOME) or --local-dir/<org>/<name> (a "
+            "CORTEX_RECIPES_MODEL_DIRS entry). --pin writes the revision and the weight "
+            "hashes it got into model-catalog/models.json (for a maintainer to commit)."
+        ),
+    )
+    fetch.add_argument("name")
+    fetch.add_argument("--pin", action="store_true", help="fill the pin from what is downloaded")
+    fetch.add_argument(
+        "--local-dir", help="a CORTEX_RECIPES_MODEL_DIRS folder instead of the cache"
+    )
+    fetch.add_argument("--root", help="repository root (default: the nearest with journeys.toml)")
+    fetch.set_defaults(func=_cmd_models_fetch)
 
     from cortex_recipes.local.server import add_serve_arguments
 
@@ -287,7 +439,13 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     qualify.add_argument("journey", nargs="?", help="a journey name from journeys.toml (e.g. sft)")
-    qualify.add_argument("profile", nargs="?", help="a profile name from the journey's recipe.yaml")
+    qualify.add_argument(
+        "profile",
+        nargs="?",
+        default="auto",
+        help="a profile name from the journey's recipe.yaml; auto (default): the GPU profile "
+        "when CUDA is visible and its pinned weights verify, else the CPU qualification profile",
+    )
     qualify.add_argument(
         "overrides", nargs="*", help="key=value overrides passed on (e.g. connection=...)"
     )
@@ -297,6 +455,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="re-run exactly the qualifications whose evidence `validate` reports as stale",
     )
     qualify.add_argument("--root", help=root_help)
+    qualify.add_argument(
+        "--out",
+        help="write the runs to OUT/runs and the record to OUT/evidence, and leave recipe.yaml "
+        "and the catalog alone (the image's /out)",
+    )
     qualify.set_defaults(func=_cmd_qualify)
 
     journey = commands.add_parser(
@@ -365,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except (ModelNotAvailableError, JourneyError, ExportError) as exc:
+    except (ModelNotAvailableError, JourneyError, ExportError, WeightsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -4,9 +4,23 @@ A record is written only for a passing qualification; ``last_validated`` in ``re
 set from the record's date and points at it. A record holds: ``profile``, ``passed``,
 ``date``, ``config_hash`` (:func:`config_hash` of the profile JSON), ``git_revision``,
 ``checks`` (named booleans), ``metrics`` (measured values against the ranges in
-``recipe.yaml`` ``expected_metrics``), ``packages``, ``hardware``, ``image_digest``
-(``$CORTEX_RECIPES_IMAGE_DIGEST`` when run in an image, else null) and ``runs``.
-``cortex-recipes validate`` rejects a ``last_validated`` that such a record does not back.
+``recipe.yaml`` ``expected_metrics``), ``packages``, ``hardware``, ``image_digest`` and
+``runs``. ``cortex-recipes validate`` rejects a ``last_validated`` that such a record does not
+back.
+
+Where the identity fields come from, each recorded beside it:
+
+- ``git_revision`` / ``revision_source``: ``git rev-parse HEAD`` in a checkout; in an image
+  (no git) ``$CORTEX_RECIPES_REVISION``, which the Dockerfile sets from its ``REVISION`` build
+  argument; else null.
+- ``image_digest`` / ``image_digest_source``: ``$CORTEX_RECIPES_IMAGE_DIGEST`` (``ci/images.py
+  qualify`` passes the image ID); else the ``imageid`` podman writes to ``/run/.containerenv``
+  (for ``--privileged`` containers); else null (docker shows a container no image ID; the
+  source says so).
+
+``$CORTEX_RECIPES_EVIDENCE_DIR`` sends the record to another folder (the image's ``/out``) and
+leaves ``recipe.yaml`` alone; ``$CORTEX_RECIPES_RUNS`` (:func:`cortex_recipes.run.runs_root`)
+moves the qualification's run folders.
 """
 
 from __future__ import annotations
@@ -20,6 +34,8 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +46,10 @@ from cortex_recipes.provenance import code_digest
 log = logging.getLogger(__name__)
 
 IMAGE_DIGEST_ENV = "CORTEX_RECIPES_IMAGE_DIGEST"
+IMAGE_DIGEST_SOURCE_ENV = "CORTEX_RECIPES_IMAGE_DIGEST_SOURCE"
+REVISION_ENV = "CORTEX_RECIPES_REVISION"
+EVIDENCE_DIR_ENV = "CORTEX_RECIPES_EVIDENCE_DIR"
+CONTAINERENV = Path("/run/.containerenv")
 PACKAGES = (
     "cortex-training",
     "torch",
@@ -71,6 +91,99 @@ def git_revision() -> str | None:
     except (OSError, subprocess.CalledProcessError):
         return None
     return f"{head}+dirty" if dirty else head
+
+
+def source_revision() -> tuple[str | None, str]:
+    """The source revision a record names, and where it came from (git, else the image's
+    ``$CORTEX_RECIPES_REVISION``)."""
+    revision = git_revision()
+    if revision:
+        return revision, "git"
+    baked = os.environ.get(REVISION_ENV, "").strip()
+    if baked and baked != "unknown":
+        return baked, f"env {REVISION_ENV} (the image's REVISION build argument)"
+    return None, f"none: no git checkout and no ${REVISION_ENV}"
+
+
+def image_identity(containerenv: Path = CONTAINERENV) -> tuple[str | None, str]:
+    """The image a record was made in, and which identifier that is."""
+    passed = os.environ.get(IMAGE_DIGEST_ENV, "").strip()
+    if passed:
+        return passed, os.environ.get(IMAGE_DIGEST_SOURCE_ENV) or f"env {IMAGE_DIGEST_ENV}"
+    hint = f"pass -e {IMAGE_DIGEST_ENV}=$(docker image inspect --format '{{{{.Id}}}}' <image>)"
+    if containerenv.is_file():
+        for line in containerenv.read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "imageid" and value.strip().strip('"'):
+                return value.strip().strip('"'), f"{containerenv} imageid (the podman image ID)"
+        return None, (
+            f"unknown: {containerenv} names no imageid (podman fills it for --privileged "
+            f"containers only); {hint}"
+        )
+    if Path("/.dockerenv").exists():
+        return None, f"unknown: docker shows a container no image ID; {hint}"
+    return None, "none: not run in an image"
+
+
+def evidence_dir(recipe_dir: Path) -> tuple[Path, bool]:
+    """Where records go, and whether recipe.yaml is updated (not when redirected)."""
+    override = os.environ.get(EVIDENCE_DIR_ENV)
+    if override:
+        return Path(override), False
+    return recipe_dir / "evidence", True
+
+
+def work_dir(prefix: str) -> Path:
+    """A fresh folder for a qualification's runs: under ``$CORTEX_RECIPES_RUNS/qualify`` when
+    that is set (the image's /out/runs), else a temporary folder."""
+    from cortex_recipes.run import RUNS_ENV, runs_root
+
+    if os.environ.get(RUNS_ENV):
+        parent = runs_root() / "qualify"
+        parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+def cpu_qualification_profiles(recipe: dict[str, Any]) -> list[str]:
+    return [
+        p["name"]
+        for p in recipe.get("profiles") or []
+        if str(p.get("hardware", "")).startswith("CPU")
+        and str(p.get("purpose", "")).startswith("qualification")
+    ]
+
+
+def gpu_profiles(recipe: dict[str, Any]) -> list[str]:
+    return [p["name"] for p in recipe.get("profiles") or [] if p["name"].startswith("local-gpu-")]
+
+
+def select_profile(
+    recipe: dict[str, Any], *, cuda: bool, weights_ready: Callable[[str], list[str]]
+) -> tuple[str, str]:
+    """The profile a plain ``qualify`` runs on this hardware, and why.
+
+    The first GPU profile whose weights are present and verify (``weights_ready(profile)``
+    returns no problems) when CUDA is visible; else the first CPU qualification profile.
+    """
+    reasons = []
+    if cuda:
+        for name in gpu_profiles(recipe):
+            problems = weights_ready(name)
+            if not problems:
+                return name, "CUDA is visible and the profile's pinned weights are present"
+            reasons.append(f"{name}: {problems[0]}")
+        if not reasons:
+            reasons.append("the journey has no local GPU profile")
+    else:
+        reasons.append("no CUDA device is visible")
+    cpu = cpu_qualification_profiles(recipe)
+    if not cpu:
+        raise LookupError(
+            f"recipe {recipe.get('id')!r} has no CPU qualification profile (hardware 'CPU...', "
+            f"purpose 'qualification...') and {'; '.join(reasons)}"
+        )
+    return cpu[0], "the CPU qualification profile: " + "; ".join(reasons)
 
 
 def hardware() -> dict[str, Any]:
@@ -206,30 +319,37 @@ def record_evidence(
     )
     passed = all(checks.values()) and all(m["within"] is not False for m in compared.values())
     today = dt.date.today().isoformat()
+    revision, revision_source = source_revision()
+    image_digest, image_digest_source = image_identity()
     record = {
         "profile": profile_name,
         "passed": passed,
         "date": today,
         "config_hash": config_hash,
-        "git_revision": git_revision(),
+        "git_revision": revision,
+        "revision_source": revision_source,
         "code_digest": code_digest(repository_root(recipe_dir), recipe_dir),
         "checks": checks,
         "metrics": compared,
         "packages": package_versions(),
         "hardware": hardware(),
-        "image_digest": os.environ.get(IMAGE_DIGEST_ENV) or None,
+        "image_digest": image_digest,
+        "image_digest_source": image_digest_source,
         "runs": runs,
     }
-    evidence_dir = recipe_dir / "evidence"
-    evidence_dir.mkdir(exist_ok=True)
-    path = evidence_dir / f"{profile_name}.json"
+    folder, update_recipe = evidence_dir(recipe_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{profile_name}.json"
     stem = profile_name if passed else f"{profile_name}.failed"
-    record["plots"] = evidence_plots(evidence_dir / "plots" / stem, runs, recipe_dir)
+    # Paths relative to the record folder's parent: the recipe folder, or an image's /out.
+    record["plots"] = evidence_plots(folder / "plots" / stem, runs, folder.parent)
     if not passed:
-        failed = evidence_dir / f"{profile_name}.failed.json"
+        failed = folder / f"{profile_name}.failed.json"
         failed.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
         return None
     path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    if not update_recipe:
+        return path
     set_last_validated(
         recipe_dir / "recipe.yaml", profile_name, today, path.relative_to(recipe_dir).as_posix()
     )
@@ -260,10 +380,10 @@ def run_dirs_of(runs: Any) -> list[Path]:
     return found
 
 
-def evidence_plots(out_dir: Path, runs: Any, recipe_dir: Path) -> list[str]:
+def evidence_plots(out_dir: Path, runs: Any, base: Path) -> list[str]:
     """PNG curves of the qualification's runs next to its record (``cortex-recipes plot``),
-    paths relative to the recipe folder. A plotting failure is logged and never loses the
-    record: the list is then empty."""
+    paths relative to ``base``. A plotting failure is logged and never loses the record: the
+    list is then empty."""
     run_dirs = run_dirs_of(runs)
     if not run_dirs:
         return []
@@ -277,7 +397,7 @@ def evidence_plots(out_dir: Path, runs: Any, recipe_dir: Path) -> list[str]:
     except Exception as exc:  # plots back the record; they must never cost it
         log.warning("could not plot the qualification runs into %s: %s", out_dir, exc)
         return []
-    return [Path(p).resolve().relative_to(recipe_dir.resolve()).as_posix() for p in written]
+    return [Path(p).resolve().relative_to(base.resolve()).as_posix() for p in written]
 
 
 def set_last_validated(recipe_yaml: Path, profile_name: str, date: str, evidence: str) -> None:

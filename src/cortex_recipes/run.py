@@ -62,6 +62,14 @@ log = logging.getLogger(__name__)
 
 IF_EXISTS = ("resume", "overwrite", "fail")
 RUNS_ROOT = Path("runs")
+RUNS_ENV = "CORTEX_RECIPES_RUNS"
+
+
+def runs_root() -> Path:
+    """Where runs live: ``$CORTEX_RECIPES_RUNS`` (an image's ``/out/runs``), else ``runs/``."""
+    return Path(os.environ.get(RUNS_ENV) or RUNS_ROOT)
+
+
 STATE_FILE = "state.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _RECORDS = ("config.json", "metrics.jsonl", "checkpoints.jsonl", "summary.json")
@@ -334,7 +342,7 @@ def open_run(
     """
     if if_exists not in IF_EXISTS:
         raise CheckpointError(f"if_exists={if_exists!r}; accepted: {', '.join(IF_EXISTS)}")
-    path = Path(log_path) if log_path else RUNS_ROOT / journey / (run_name or profile.name)
+    path = Path(log_path) if log_path else runs_root() / journey / (run_name or profile.name)
     checkpoints = RunCheckpoints(path / "checkpoints")
     existing = [name for name in _RECORDS if (path / name).exists()] + (
         [f"checkpoints up to step {checkpoints.steps()[-1]}"] if checkpoints.steps() else []

@@ -633,6 +633,47 @@ def check_record(
     return problems
 
 
+def check_image_record(
+    root: Path, journey_name: str, record: dict[str, Any], image_id: str | None = None
+) -> list[str]:
+    """What a record written by an image's ``qualify`` must show to count: it passed, it has
+    every record field, it is for a profile of the journey whose config (in this checkout)
+    hashes to its ``config_hash``, and it names a source revision and an image digest (the
+    image ID ``ci/images.py`` passed in, when given)."""
+    where = f"record of {journey_name} {record.get('profile')!r}"
+    problems = []
+    missing = [key for key in (*RECORD_FIELDS, "git_revision") if key not in record]
+    if missing:
+        problems.append(f"{where}: lacks fields {missing}")
+    if record.get("passed") is not True:
+        problems.append(f"{where}: passed={record.get('passed')!r}")
+    for key in ("git_revision", "image_digest"):
+        if not record.get(key):
+            problems.append(f"{where}: {key}={record.get(key)!r}, a record from an image needs one")
+    if image_id and record.get("image_digest") not in (None, image_id):
+        problems.append(
+            f"{where}: image_digest={record.get('image_digest')!r}, the image is {image_id!r}"
+        )
+    try:
+        journey = journeys_lib.get_journey(root, journey_name)
+        recipe = journeys_lib.load_recipe(journey.path(root) / "recipe.yaml")
+        profile = journeys_lib.get_profile(
+            recipe, str(record.get("profile")), f"{journey.folder}/recipe.yaml"
+        )
+        loader, errors = _loader(journey)
+        if errors:
+            raise ValueError("; ".join(errors))
+        current = profile_config_hash(journey.path(root) / profile["config"], loader)
+    except (JourneyError, OSError, AttributeError, ValueError, TypeError, KeyError) as exc:
+        return [*problems, f"{where}: cannot check its profile: {exc}"]
+    if record.get("config_hash") != current:
+        problems.append(
+            f"{where}: config_hash={record.get('config_hash')!r}, the config here hashes to "
+            f"{current!r}"
+        )
+    return problems
+
+
 # --- repository-wide ----------------------------------------------------------------------
 
 

@@ -72,3 +72,36 @@ def test_image_entrypoint_maps_verbs_to_cortex_recipes(tmp_path):
     ]
     unknown = entry("deploy")
     assert unknown.returncode == 64 and "unknown verb 'deploy'" in unknown.stderr
+
+
+def test_image_qualify_verb_needs_a_writable_out_and_passes_the_profile(tmp_path):
+    fake = tmp_path / "bin" / "cortex-recipes"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho "cortex-recipes $*"\necho "runs=$CORTEX_RECIPES_RUNS"\n')
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    env = {
+        "PATH": f"{fake.parent}:/usr/bin:/bin",
+        "CORTEX_JOURNEY": "sft",
+        "CORTEX_OUT": str(out),
+        "HOME": str(tmp_path),
+    }
+
+    def entry(*args):
+        return subprocess.run(
+            ["sh", str(ROOT / "docker" / "entrypoint.sh"), *args],
+            env=env, capture_output=True, text=True,
+        )  # fmt: skip
+
+    missing = entry("qualify")
+    assert missing.returncode == 64 and "mount a directory you own there" in missing.stderr
+    out.mkdir()
+    assert entry("qualify").stdout.splitlines() == [
+        f"cortex-recipes qualify sft auto --root /app --out {out}",
+        f"runs={out}/runs",
+    ]
+    named = entry("qualify", "profile=local-cpu-smollm2-lora", "runs=1")
+    assert named.stdout.splitlines()[0] == (
+        f"cortex-recipes qualify sft local-cpu-smollm2-lora runs=1 --root /app --out {out}"
+    )
+    assert entry("smoke").stdout.splitlines()[1] == f"runs={out}/runs"

@@ -21,7 +21,7 @@ def test_absent_hub_model_fails_with_instructions(empty_model_search):
         resolve_model_path("Qwen/Qwen3-0.6B")
     message = str(info.value)
     assert "model_name='Qwen/Qwen3-0.6B'" in message
-    assert "`hf download Qwen/Qwen3-0.6B`" in message
+    assert "`cortex-recipes models fetch Qwen/Qwen3-0.6B`" in message
     assert "CORTEX_RECIPES_MODEL_DIRS" in message
     assert "tiny-qwen3" in message
 

@@ -23,12 +23,11 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import chz
 
-from cortex_recipes.qualify import record_evidence
+from cortex_recipes.qualify import record_evidence, work_dir
 from cortex_recipes.tito.profile import load_tito_profile
 from recipes.agentic.tito.train import Config as TrainConfig
 from recipes.agentic.tito.train import main as train
@@ -68,7 +67,7 @@ def tito_checks(full: dict, resumed: dict, resume_after: int, steps: int) -> dic
 def main(config: Config) -> dict:
     profile = load_tito_profile(config.profile)
     steps = profile.rl.steps
-    work = Path(tempfile.mkdtemp(prefix="qualify-tito-"))
+    work = work_dir("qualify-tito-")
     full = train(TrainConfig(profile=config.profile, log_path=str(work / "full")))
     copy_run_until(work / "full", work / "resumed", config.resume_after)
     resumed = train(TrainConfig(profile=config.profile, log_path=str(work / "resumed")))

@@ -13,6 +13,7 @@ import chz
 
 from cortex_recipes import qualify
 from cortex_recipes.distill.profile import load_opd_profile
+from cortex_recipes.run import runs_root
 from recipes.distillation.on_policy.train import Config, main
 
 RECIPE_DIR = Path(__file__).resolve().parent
@@ -32,7 +33,7 @@ def run(config: QualifyConfig) -> int:
         Config(
             profile=config.profile,
             connection=config.connection,
-            log_path=f"runs/qualify/{profile.name}",
+            log_path=str(runs_root() / "qualify" / profile.name),
             if_exists="overwrite",  # a qualification always trains afresh
         )
     )
@@ -40,7 +41,7 @@ def run(config: QualifyConfig) -> int:
         Config(
             profile=config.comparison,
             connection=config.connection,
-            log_path=f"runs/qualify/{profile.name}-tau0",
+            log_path=str(runs_root() / "qualify" / f"{profile.name}-tau0"),
             if_exists="overwrite",
         )
     )

@@ -22,14 +22,13 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import chz
 
 from cortex_recipes.intervals import bootstrap_mean
-from cortex_recipes.qualify import record_evidence
+from cortex_recipes.qualify import record_evidence, work_dir
 from cortex_recipes.rl.checks import async_grpo_checks, eval_gain
 from cortex_recipes.rl.profile import load_grpo_profile
 
@@ -74,7 +73,7 @@ def wait_for_step(proc, run_dir: Path, step: int, deadline: float) -> None:
 def main(config: Config) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     profile = load_grpo_profile(config.profile)
-    run_dir = Path(tempfile.mkdtemp(prefix="qualify-async-grpo-"))
+    run_dir = work_dir("qualify-async-grpo-")
     command = [
         sys.executable,
         "-m",

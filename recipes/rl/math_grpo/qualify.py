@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import chz
 
 from cortex_recipes.intervals import bootstrap_mean
-from cortex_recipes.qualify import record_evidence
+from cortex_recipes.qualify import record_evidence, work_dir
 from cortex_recipes.rl.checks import eval_gain, learning_checks
 from cortex_recipes.rl.profile import load_grpo_profile
 from recipes.rl.math_grpo.train import Config as TrainConfig
@@ -39,7 +38,7 @@ def rollout_hashes(run_dir: Path) -> list[str]:
 
 def main(config: Config) -> dict:
     profile = load_grpo_profile(config.profile)
-    work = Path(tempfile.mkdtemp(prefix="qualify-math-grpo-"))
+    work = work_dir("qualify-math-grpo-")
     summary = train(TrainConfig(profile=config.profile, log_path=str(work / "run")))
     smokes = [
         train(TrainConfig(profile=SMOKE, log_path=str(work / f"smoke-{i}"), max_steps=2))

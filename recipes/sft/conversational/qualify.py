@@ -13,6 +13,7 @@ import chz
 
 from cortex_recipes import qualify, sft
 from cortex_recipes.profiles import ProfileError
+from cortex_recipes.run import runs_root
 from recipes.sft.conversational.train import Config, main
 
 RECIPE_DIR = Path(__file__).resolve().parent
@@ -36,7 +37,7 @@ def run(config: QualifyConfig) -> int:
             Config(
                 profile=config.profile,
                 connection=config.connection,
-                log_path=f"runs/qualify/{profile.name}/run{i}",
+                log_path=str(runs_root() / "qualify" / profile.name / f"run{i}"),
                 if_exists="overwrite",  # a qualification always trains afresh
             )
         )

@@ -6,12 +6,13 @@
   ``$CORTEX_RECIPES_MODEL_DIRS`` or the Hugging Face hub cache (looked up by
   ``huggingface_hub.try_to_load_from_cache``, so ``HF_HUB_CACHE``/``HF_HOME`` apply). When
   none is present the lookup fails with :class:`ModelNotAvailableError`, which says how to
-  provide the weights (``hf download <name>``).
+  provide the weights (``cortex-recipes models fetch <name>`` on a networked machine).
 - An existing directory path holding ``config.json`` is used as it is.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,7 @@ from cortex_recipes.models import fixtures
 from cortex_recipes.models.cache import build_once, cache_root
 
 MODEL_DIRS_ENV = "CORTEX_RECIPES_MODEL_DIRS"
+log = logging.getLogger(__name__)
 
 
 def _build_smollm2_student(out: Path) -> None:
@@ -67,9 +69,26 @@ def _search_dirs() -> list[Path]:
 
 
 def _hub_snapshot(name: str) -> Path | None:
-    """The snapshot ``refs/main`` names in the Hugging Face cache, if it holds ``config.json``."""
+    """The cached snapshot of the revision ``model-catalog/models.json`` pins for ``name``
+    (:mod:`cortex_recipes.weights`), else the one ``refs/main`` names, if it holds config.json."""
+    from cortex_recipes.weights import pinned_revision  # outside models/: the image's fixture
+    # stage copies models/ alone
+
+    revision = pinned_revision(name)
+    if revision:
+        config = huggingface_hub.try_to_load_from_cache(name, "config.json", revision=revision)
+        if isinstance(config, str):
+            return Path(config).parent
     config = huggingface_hub.try_to_load_from_cache(name, "config.json")
-    return Path(config).parent if isinstance(config, str) else None
+    if isinstance(config, str):
+        if revision and Path(config).parent.name != revision:
+            log.warning(
+                "%s: the cache has no snapshot of the pinned revision %s; using refs/main's %s "
+                "(`cortex-recipes models verify %s` fails on it)",
+                name, revision, Path(config).parent.name, name,
+            )  # fmt: skip
+        return Path(config).parent
+    return None
 
 
 def resolve_model_path(name: str) -> Path:
@@ -92,7 +111,7 @@ def resolve_model_path(name: str) -> Path:
     raise ModelNotAvailableError(
         f"model_name={name!r} has no local weights and nothing here downloads them. "
         f"Searched: {', '.join(searched)}. To provide it, on a machine with network access run "
-        f"`hf download {name}` (fills the Hugging Face cache), or copy a model "
+        f"`cortex-recipes models fetch {name}` (its pinned revision, into the Hugging Face cache), or copy a model "
         f"directory with config.json to <dir>/{name} and set {MODEL_DIRS_ENV}=<dir>. "
         f"Offline fixtures that need no download: {', '.join(FIXTURE_MODELS)}."
     )
