@@ -19,13 +19,14 @@ needs_nix = pytest.mark.skipif(
     shutil.which("nix") is None, reason="needs nix-bin (.ci/run installs it)"
 )
 
+# `data` (datasets) and `plots` (matplotlib) come in through the sft and grpo extras.
 JOURNEY_SHELLS = {
-    "sft": ["local", "sft", "tools"],
-    "opd": ["local", "opd", "sft", "tools"],
-    "grpo": ["local", "grpo", "tools"],
-    "math_grpo": ["local", "grpo", "tools"],
-    "tito": ["local", "tito", "sft", "tools"],
-    "default": ["local", "sft", "opd", "grpo", "tito", "tools"],
+    "sft": ["local", "data", "plots", "sft", "tools"],
+    "opd": ["local", "data", "plots", "opd", "sft", "tools"],
+    "grpo": ["local", "data", "plots", "grpo", "tools"],
+    "math_grpo": ["local", "data", "plots", "grpo", "tools"],
+    "tito": ["local", "data", "plots", "tito", "sft", "tools"],
+    "default": ["local", "data", "plots", "sft", "opd", "grpo", "tito", "tools"],
 }
 
 
@@ -37,8 +38,8 @@ def _shells(extras: dict[str, list[str]]) -> dict:
 
 
 def test_expected_extras_follow_the_self_references_in_pyproject():
-    assert nix_check.expected_extras(ROOT, ["opd"]) == {"local", "opd", "sft", "tools"}
-    assert nix_check.expected_extras(ROOT, ["grpo"]) == {"local", "grpo", "tools"}
+    assert nix_check.expected_extras(ROOT, ["opd"]) == set(JOURNEY_SHELLS["opd"])
+    assert nix_check.expected_extras(ROOT, ["grpo"]) == set(JOURNEY_SHELLS["grpo"])
     optional = {"a": ["cortex-recipes[b, c]", "x==1"], "b": ["cortex-recipes[c]"], "c": ["y==2"]}
     assert nix_check.close_extras(optional, ["a"]) == {"a", "b", "c"}
 
@@ -46,7 +47,8 @@ def test_expected_extras_follow_the_self_references_in_pyproject():
 def test_dev_is_every_journey_plus_tools_and_tools_holds_no_journey_package():
     optional = nix_check._optional_dependencies(ROOT)
     journeys = {j["extra"] for j in nix_check.landed_journeys(ROOT)}
-    assert set(nix_check.self_extras(optional, "dev")) == journeys | {"tools"}
+    # dev (what --all-extras installs) adds the optional trackers; no shell asks for it.
+    assert set(nix_check.self_extras(optional, "dev")) == journeys | {"tools", "trackers"}
     assert nix_check.self_extras(optional, "tools") == []
     tools = nix_check.reachable(ROOT, {"tools"})
     for extra in journeys:
@@ -65,7 +67,7 @@ def test_structure_check_wants_each_shells_exact_extras():
     assert nix_check.structure_problems(ROOT, _shells(JOURNEY_SHELLS)) == []
     bad = copy.deepcopy(JOURNEY_SHELLS)
     bad["opd"] = ["local", "opd", "sft", "dev"]  # what every shell asked for before
-    bad["sft"] = ["local", "sft", "tools", "grpo"]
+    bad["sft"] = ["local", "data", "plots", "sft", "tools", "grpo"]
     del bad["tito"]
     found = nix_check.structure_problems(ROOT, _shells(bad))
     assert any("dev shells" in line for line in found)
