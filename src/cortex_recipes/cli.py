@@ -149,19 +149,12 @@ def profile_hub_models(root: Path, journey_name: str, profile_name: str) -> list
     if not (root / CATALOG_MODELS).is_file():
         return []  # a repository without a model catalog names no hub models
     hub = load_pins(root)
-    found: list[str] = []
+    from cortex_recipes.qualify import nested_values
 
-    def walk(value) -> None:
+    found: list[str] = []
+    for value in nested_values(raw):
         if isinstance(value, str) and value in hub and value not in found:
             found.append(value)
-        elif isinstance(value, dict):
-            for item in value.values():
-                walk(item)
-        elif isinstance(value, list):
-            for item in value:
-                walk(item)
-
-    walk(raw)
     return found
 
 

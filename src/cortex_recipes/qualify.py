@@ -356,27 +356,29 @@ def record_evidence(
     return path
 
 
+def nested_values(value: Any):
+    """``value`` and everything inside it (dict values and list items, depth first, in order)."""
+    yield value
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from nested_values(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from nested_values(item)
+
+
 def run_dirs_of(runs: Any) -> list[Path]:
     """Every ``run_dir`` named in ``runs`` (summaries, nested lists and dicts) that still holds
     a ``metrics.jsonl``, once each, in order."""
     found: list[Path] = []
-
-    def walk(value: Any) -> None:
-        if isinstance(value, dict):
-            run_dir = value.get("run_dir")
-            if (
-                isinstance(run_dir, str)
-                and (Path(run_dir) / "metrics.jsonl").is_file()
-                and Path(run_dir) not in found
-            ):
-                found.append(Path(run_dir))
-            for item in value.values():
-                walk(item)
-        elif isinstance(value, list):
-            for item in value:
-                walk(item)
-
-    walk(runs)
+    for value in nested_values(runs):
+        run_dir = value.get("run_dir") if isinstance(value, dict) else None
+        if (
+            isinstance(run_dir, str)
+            and (Path(run_dir) / "metrics.jsonl").is_file()
+            and Path(run_dir) not in found
+        ):
+            found.append(Path(run_dir))
     return found
 
 
