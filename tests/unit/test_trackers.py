@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
 
 import chz
 import pytest
@@ -18,15 +17,9 @@ from cortex_recipes.trackers import (
     read_wandb_records,
     scalars,
 )
+from tests.unit.test_run import Profile  # the same stand-in profile the run tests use
 
 pytestmark = pytest.mark.unit
-
-
-@dataclass(frozen=True)
-class Profile:
-    name: str = "p"
-    config_hash: str = "hash-a"
-    raw: dict = field(default_factory=lambda: {"name": "p"})
 
 
 @chz.chz
