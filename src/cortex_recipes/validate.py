@@ -43,7 +43,7 @@ from typing import Any
 from cortex_recipes import journeys as journeys_lib
 from cortex_recipes import schema
 from cortex_recipes.journeys import Journey, JourneyError
-from cortex_recipes.qualify import config_hash, latest_validation
+from cortex_recipes.qualify import config_hash, latest_validation, nested_values
 from cortex_recipes.sub_jobs import SubJobError, build_sub_jobs
 
 log = logging.getLogger(__name__)
@@ -430,14 +430,7 @@ def _loader(journey: Journey):
 
 
 def _strings(value: Any) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _strings(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _strings(item)
+    return (v for v in nested_values(value) if isinstance(v, str))
 
 
 def profile_config_hash(config: Path, loader) -> str:
