@@ -12,7 +12,8 @@ A profile's data field (SFT ``dataset``, OPD ``prompts``) names one *source*:
 :func:`load_records` loads a source with ``datasets.load_dataset`` (the ``json`` or
 ``parquet`` builder for files), checks the columns the journey needs and returns the rows as
 dicts, in file order. Its Arrow cache lives under the project's cache directory
-(``$CORTEX_RECIPES_CACHE/datasets`` or the platform user cache), never in the repository.
+(``$HF_DATASETS_CACHE``, else ``$CORTEX_RECIPES_CACHE/datasets`` or the platform user cache),
+never in the repository.
 
 Invariants this module keeps:
 
@@ -24,6 +25,7 @@ Invariants this module keeps:
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -96,9 +98,11 @@ def parse_source(field: str, value: str, base_dir: Path) -> Source:
 
 
 def _cache_dir() -> str:
+    """``$HF_DATASETS_CACHE`` (datasets' own setting) when set, else the project's cache: an
+    image sets it, since its project cache holds the baked fixtures and is read-only there."""
     from cortex_recipes.models.cache import cache_root
 
-    return str(cache_root() / "datasets")
+    return os.environ.get("HF_DATASETS_CACHE") or str(cache_root() / "datasets")
 
 
 def load_dataset(source: Source):

@@ -462,5 +462,14 @@ def opd_checks(distill: dict[str, Any], no_teacher: dict[str, Any]) -> dict[str,
         "teacher_contributed_every_step": all(t > 0 for t in distill["teacher_tokens"]),
         "tau0_no_teacher_contribution": all(t == 0 for t in no_teacher["teacher_tokens"]),
         "tau0_student_unchanged": max(flat) - min(flat) < 1e-6,
-        "teacher_frozen": True,  # the run itself fails if the teacher's fingerprint changes
+        # compared at the start, every eval and the end (the run also stops on a change)
+        "teacher_frozen": bool(distill.get("teacher_frozen"))
+        and len(distill.get("teacher_fingerprints", [])) >= 3,
+        "teacher_scores_aligned": _aligned(distill) and _aligned(no_teacher),
     }
+
+
+def _aligned(summary: dict[str, Any]) -> bool:
+    """The run's start-up alignment probe ran and its mean |forward - sampler| was in bounds."""
+    probe = summary.get("alignment") or {}
+    return bool(probe.get("positions")) and probe["mean_abs_diff"] <= probe["tolerance"]

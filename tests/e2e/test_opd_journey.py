@@ -17,8 +17,12 @@ def test_opd_two_steps_score_every_sampled_token_and_keep_the_teacher_frozen(tmp
     for m in metrics:
         assert m["teacher_term_token_count"] == m["sampled_tokens"] > 0
         assert m["teacher_reverse_kl"] == m["teacher_reverse_kl"]  # finite, not NaN
-    # main() re-checks the teacher's fingerprint after training and raises if it moved.
-    assert summary["teacher_fingerprint"] and summary["checkpoint_id"].startswith("cp_")
+    # main() compares the teacher's fingerprint at the start, at the eval (step 2) and at the
+    # end, and raises if it moved.
+    assert len(summary["teacher_fingerprints"]) == 3 and summary["teacher_frozen"] is True
+    assert summary["checkpoint_id"].startswith("cp_")
+    probe = summary["alignment"]  # the start-up probe: sampler logprobs back from the trainer
+    assert probe["positions"] > 0 and probe["mean_abs_diff"] < 1e-3
     written = [json.loads(x) for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
     assert [r["step"] for r in written if r["group"] == 0] == [1, 2]
     assert all(r["reward"] is None and "teacher_reverse_kl" in r for r in written)

@@ -27,6 +27,7 @@ def offline_datasets(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("CORTEX_RECIPES_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
 
 
 def checked_in_conversations() -> list[list[dict]]:
@@ -45,6 +46,20 @@ def test_the_checked_in_jsonl_loads_through_datasets_unchanged(tmp_path):
     conversations = sft.load_conversations("data/identity.jsonl", SFT_DIR)
     assert conversations == checked_in_conversations()
     assert (tmp_path / "cache" / "datasets").is_dir()  # the Arrow cache went where it was told
+
+
+def test_a_read_only_project_cache_loads_through_hf_datasets_cache(tmp_path, monkeypatch):
+    # The images' project cache holds the baked fixtures and is read-only to the journey's
+    # user; they point datasets' own HF_DATASETS_CACHE somewhere writable instead.
+    frozen = tmp_path / "cache"
+    frozen.mkdir()
+    frozen.chmod(0o555)
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "arrow"))
+    try:
+        assert sft.load_conversations("data/identity.jsonl", SFT_DIR) == checked_in_conversations()
+    finally:
+        frozen.chmod(0o755)
+    assert (tmp_path / "arrow").is_dir() and not any(frozen.iterdir())
 
 
 def test_parquet_json_and_jsonl_give_the_same_rows(tmp_path):

@@ -173,3 +173,26 @@ def test_a_record_without_plottable_runs_has_no_plots_and_still_passes(demo):
         metrics={"final_loss": 0.5},
     )
     assert json.loads(path.read_text())["plots"] == []
+
+
+def _opd_summary(**over):
+    summary = {
+        "eval_teacher_reverse_kl": [3.0, 2.0, 1.5],
+        "teacher_tokens": [10, 12],
+        "teacher_fingerprints": ["ab", "ab", "ab", "ab"],
+        "teacher_frozen": True,
+        "alignment": {"positions": 9, "mean_abs_diff": 1e-6, "tolerance": 0.05},
+    }
+    return {**summary, **over}
+
+
+def test_opd_checks_read_the_runs_fingerprints_and_alignment_probe():
+    tau0 = _opd_summary(eval_teacher_reverse_kl=[3.0, 3.0], teacher_tokens=[0, 0])
+    assert all(qualify.opd_checks(_opd_summary(), tau0).values())
+    moved = _opd_summary(teacher_fingerprints=["ab", "cd", "ab"], teacher_frozen=False)
+    assert not qualify.opd_checks(moved, tau0)["teacher_frozen"]
+    only_start = _opd_summary(teacher_fingerprints=["ab"])  # never compared
+    assert not qualify.opd_checks(only_start, tau0)["teacher_frozen"]
+    off = _opd_summary(alignment={"positions": 9, "mean_abs_diff": 2.3, "tolerance": 0.05})
+    assert not qualify.opd_checks(off, tau0)["teacher_scores_aligned"]
+    assert not qualify.opd_checks(_opd_summary(alignment=None), tau0)["teacher_scores_aligned"]

@@ -2,10 +2,14 @@
 
     python -m recipes.distillation.on_policy.train profile=recipes/distillation/on_policy/configs/local-cpu-smollm2-teacher.json
 
-Per step: the student sampler generates completions; the frozen teacher (a ``log_probability``
+At start-up an alignment probe scores the student sampler's own completions on the
+student trainer through the teacher's scoring path and requires the sampler's logprobs back
+(distill.teacher.check_alignment). Per step: the student sampler generates completions; the frozen teacher (a ``log_probability``
 sub-job) scores the exact prompt + sampled token ids; the scores, aligned to the loss mask,
 go to the ``grpo`` processor as ``teacher_log_probs_shifted`` with ``teacher_tau`` and
-clipping; the student steps; its weights are synced to the student sampler only. The run lives
+clipping; the student steps; its weights are synced to the student sampler only. The teacher's
+fingerprint (its scores on a fixed probe) is compared at every eval, at a resume and at the
+end; a change stops the run. The run lives
 in ``runs/opd/<run_name>/`` (cortex_recipes.run); rerunning the command resumes it.
 """
 
@@ -97,12 +101,29 @@ def main(config: Config) -> dict:
             client, profile.sub_jobs(), run, weight_format=profile.weight_format
         )
         job_id, teacher = trainer.job_id, trainer.sub_jobs["log_probability"]
-        fingerprint = teacher_fingerprint(client, job_id, teacher, prompt_ids[0])
+        fingerprints = [teacher_fingerprint(client, job_id, teacher, prompt_ids[0])]
         if run.resume:
             trainer.load(run.resume)  # and sync: the student sampler serves the resumed policy
             rng.setstate(_rng_state(run.resume["rng"]))
             eval_kls = run.resume["eval_kls"]
-        else:
+            fingerprints = [*run.resume["teacher_fingerprints"], *fingerprints]
+            _check_frozen(fingerprints, "at the resume")
+        # The trainer and the student sampler hold the same weights here, so scoring the
+        # sampler's own completions on the trainer through the teacher path must give back the
+        # sampler's logprobs: proof that teacher scores land on the tokens they score.
+        probe = rollout(
+            client, job_id, prompt_ids[:2],
+            {"max_tokens": profile.max_tokens, "temperature": 1.0, "seed": 424242},
+        )  # fmt: skip
+        alignment = teacher_lib.check_alignment(
+            client, job_id, trainer.sub_jobs["training"], probe, pad_id,
+            profile.alignment_tolerance,
+        )  # fmt: skip
+        log.info(
+            "alignment probe: %d tokens, forward vs sampler logprobs mean |diff| %.2e (max %.2e)",
+            alignment["positions"], alignment["mean_abs_diff"], alignment["max_abs_diff"],
+        )  # fmt: skip
+        if not run.resume:
             eval_kls = [eval_reverse_kl(client, job_id, teacher, prompt_ids, params, pad_id)]
             log.info("eval teacher reverse KL before training %.3f", eval_kls[0])
 
@@ -153,9 +174,15 @@ def main(config: Config) -> dict:
                     eval_reverse_kl(client, job_id, teacher, prompt_ids, params, pad_id)
                 )
                 record["eval/teacher_reverse_kl"] = eval_kls[-1]
+                fingerprints.append(teacher_fingerprint(client, job_id, teacher, prompt_ids[0]))
+                _check_frozen(fingerprints, f"at step {step}")
             run.metrics(**record)
             if config.ckpt_interval and step % config.ckpt_interval == 0 and step < steps:
-                trainer.save_resumable(step, {"rng": rng.getstate(), "eval_kls": eval_kls})
+                trainer.save_resumable(
+                    step,
+                    {"rng": rng.getstate(), "eval_kls": eval_kls,
+                     "teacher_fingerprints": fingerprints},
+                )  # fmt: skip
             log.info(
                 "step %d/%d teacher reverse KL %.3f teacher tokens %d",
                 step,
@@ -164,10 +191,8 @@ def main(config: Config) -> dict:
                 record["teacher_term_token_count"],
             )
 
-        if teacher_fingerprint(client, job_id, teacher, prompt_ids[0]) != fingerprint:
-            raise RuntimeError(
-                "the teacher's scores changed during the run; the teacher must stay frozen"
-            )
+        fingerprints.append(teacher_fingerprint(client, job_id, teacher, prompt_ids[0]))
+        _check_frozen(fingerprints, "at the end")
         saved = trainer.save_weights(steps)
         client.cancel_job(job_id)
 
@@ -181,12 +206,24 @@ def main(config: Config) -> dict:
         "eval_teacher_reverse_kl": eval_kls,
         "teacher_tokens": [h["teacher_term_token_count"] for h in history],
         "losses": [h["loss"] for h in history],
-        "teacher_fingerprint": fingerprint,
+        "teacher_fingerprint": fingerprints[0],
+        "teacher_fingerprints": fingerprints,  # at the start, every eval, any resume, the end
+        "teacher_frozen": len(set(fingerprints)) == 1,
+        "alignment": alignment,
         "checkpoint_id": saved["checkpoint_id"],
         "resumed_from_step": run.resumed_from_step,
         "wall_time_s": round(time.time() - started, 1),
     }
     return run.summary(summary)
+
+
+def _check_frozen(fingerprints: list[str], where: str) -> None:
+    """Stop the run when the teacher's scores on the probe changed (it must stay frozen)."""
+    if len(set(fingerprints)) > 1:
+        raise RuntimeError(
+            f"the teacher's scores on the probe changed {where} (fingerprints {fingerprints}); "
+            "the teacher must stay frozen, so nothing after this point is trained"
+        )
 
 
 def _rng_state(saved: list) -> tuple:

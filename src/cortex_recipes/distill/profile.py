@@ -47,6 +47,12 @@ class OPDProfile:
     )
     eps_clip: float = setting(0.2, ge=0, doc="PPO ratio clip between sampler and trainer")
     weight_format: str = setting("hf", choices=("hf", "lora"), doc="weight sync format")
+    alignment_tolerance: float = setting(
+        0.05,
+        gt=0,
+        doc="start-up alignment probe: the largest mean |forward - sampler| "
+        "logprob (nats) over the probe's tokens; an off-by-one scorer differs by nats",
+    )
     path: Path = field(default=Path(), metadata={"internal": True})
     raw: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
 

@@ -24,6 +24,10 @@ class TeacherScoreError(RuntimeError):
     """Teacher results that cannot be trained on; nothing from this step is applied."""
 
 
+class TeacherAlignmentError(TeacherScoreError):
+    """``forward`` scores that do not line up with the sampled tokens they claim to score."""
+
+
 class TokenizerMismatchError(ValueError):
     """Teacher and student do not share token ids, so teacher scores would be meaningless."""
 
@@ -120,6 +124,54 @@ def score(
     result = client.poll_request(job_id, request_id)
     scores = extract_scores(result, rollouts, batch.input_ids.shape[1])
     return batch.with_teacher(align_to_mask(scores, batch.loss_mask))
+
+
+def check_alignment(
+    client,
+    job_id: str,
+    scorer_sub_job_id: str,
+    rollouts: Sequence[Rollout],
+    pad_id: int,
+    tolerance: float,
+) -> dict[str, float | int]:
+    """The scoring path must score the tokens that were sampled, at the columns that train.
+
+    ``rollouts`` come from a sampler and ``scorer_sub_job_id`` holds that sampler's weights
+    (the OPD student trainer before its first step). Scored through :func:`score` -- the exact
+    path teacher scores take -- each sampled token's ``forward`` logprob must equal the
+    sampler's own logprob at the same ``loss_mask`` column. A scorer whose columns are off by
+    one passes the shape, count and offset checks (they are built from the same rollouts as
+    the mask) but scores the neighbouring token, which differs by nats, and fails here.
+    ``tolerance`` bounds the mean absolute difference (nats) over scored tokens.
+    """
+    batch = score(client, job_id, scorer_sub_job_id, rollouts, pad_id)
+    mask = batch.loss_mask > 0
+    positions = int(mask.sum())
+    if positions == 0:
+        raise TeacherAlignmentError("alignment probe: the sampler returned no completion tokens")
+    diff = (batch.teacher_log_probs_shifted - batch.old_log_probs_shifted).abs() * mask
+    mean = float(diff.sum()) / positions
+    row, column = divmod(int(diff.argmax()), diff.shape[1])
+    worst = {
+        "row": row,
+        "position": column,
+        "sampler_logprob": round(float(batch.old_log_probs_shifted[row, column]), 5),
+        "forward_logprob": round(float(batch.teacher_log_probs_shifted[row, column]), 5),
+    }
+    if not math.isfinite(mean) or mean > tolerance:
+        raise TeacherAlignmentError(
+            f"alignment probe: forward logprobs differ from the sampler's on the same token ids "
+            f"by {mean:.4f} nats on average over {positions} tokens (tolerance {tolerance}); "
+            f"worst: row {row}, position {column}, sampler {worst['sampler_logprob']}, forward "
+            f"{worst['forward_logprob']}. The scores are not aligned with the sampled tokens "
+            f"(an off-by-one scores the neighbouring token)"
+        )
+    return {
+        "positions": positions,
+        "mean_abs_diff": round(mean, 6),
+        "max_abs_diff": round(float(diff.max()), 6),
+        "tolerance": tolerance,
+    }
 
 
 def reverse_kl_on_samples(
