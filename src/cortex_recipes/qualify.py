@@ -353,7 +353,42 @@ def record_evidence(
     set_last_validated(
         recipe_dir / "recipe.yaml", profile_name, today, path.relative_to(recipe_dir).as_posix()
     )
+    show_latest_plots(
+        recipe_dir / "README.md", profile_name, today, path.relative_to(recipe_dir).as_posix(),
+        record["plots"],
+    )  # fmt: skip
     return path
+
+
+PLOTS_START = "<!-- latest-qualification: written by `cortex-recipes qualify`; do not edit -->"
+PLOTS_END = "<!-- /latest-qualification -->"
+
+
+def show_latest_plots(
+    readme: Path, profile_name: str, date: str, evidence: str, plots: list[str]
+) -> None:
+    """Put the newest passing record's curves in the journey README, between the markers
+    (appended at the end the first time); README-relative paths, like ``evidence``."""
+    if not readme.is_file():
+        return
+    lines = [
+        PLOTS_START,
+        "## Latest qualification",
+        "",
+        f"`{profile_name}`, {date}: [{evidence}]({evidence}).",
+        "",
+        *(f"![{Path(p).stem}]({p})" for p in plots),
+        *([] if plots else ["(this record has no plots)"]),
+        PLOTS_END,
+    ]
+    block = "\n".join(lines)
+    text = readme.read_text()
+    start, end = text.find(PLOTS_START), text.find(PLOTS_END)
+    if start >= 0 and end > start:
+        text = text[:start] + block + text[end + len(PLOTS_END) :]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    readme.write_text(text)
 
 
 def nested_values(value: Any):

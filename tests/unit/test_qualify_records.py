@@ -161,6 +161,14 @@ def test_a_record_carries_plots_of_its_runs_next_to_it(demo, tmp_path):
     assert record["plots"] == ["evidence/plots/cpu/loss.png", "evidence/plots/cpu/eval.png"]
     for plot in record["plots"]:
         assert (demo / DEMO / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the journey README shows them; a second record replaces the block, never adds one
+    readme = (demo / DEMO / "README.md").read_text()
+    assert "![loss](evidence/plots/cpu/loss.png)" in readme
+    qualify.record_evidence(demo / DEMO, "cpu", "0123456789abcdef", runs, {"ok": True},
+                            metrics={"final_loss": 0.5})  # fmt: skip
+    again = (demo / DEMO / "README.md").read_text()
+    assert again.count(qualify.PLOTS_START) == 1 and again.count("## Latest qualification") == 1
+    assert again.startswith(readme.split(qualify.PLOTS_START)[0])  # the text above is kept
 
 
 def test_a_record_without_plottable_runs_has_no_plots_and_still_passes(demo):

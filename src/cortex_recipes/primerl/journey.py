@@ -56,6 +56,9 @@ def tasksets_dir() -> Path:
     return Path(recipes.__file__).resolve().parent / "rl" / "async_grpo" / "primerl" / "tasksets"
 
 
+# The taskset's own in-process chat harness (tasksets/cortex_arith): verifiers' ``null`` harness
+# starts a program per rollout, which bounded the CPU profile at about 30 rollouts a minute.
+HARNESS = "cortex-arith"
 API_KEY_VAR = "CORTEX_PRIMERL_ADAPTER_KEY"  # prime-rl's client reads a key from a variable
 # The renderer prime-rl uses per model family; anything else renders with the tokenizer's own
 # chat template (renderers' "default").
@@ -154,7 +157,7 @@ def orchestrator_toml(profile, *, model_dir: Path, base_url: str, output_dir: Pa
             ),
             _table("train.source", {"name": "cortex-arith", "group_size": orch.group_size}, True),
             _table("train.source.env.taskset", taskset_settings(profile)),
-            _table("train.source.env.agent.harness", {"id": "null"}),
+            _table("train.source.env.agent.harness", {"id": HARNESS}),
             _table("train.source.env.agent.runtime", {"type": "subprocess"}),
             _table("train.source.serve", {"address": f"tcp://127.0.0.1:{port}"}),
         ]
@@ -166,7 +169,7 @@ def env_server_toml(profile, *, output_dir: Path, port: int) -> str:
         [
             f"output_dir = {_toml(str(output_dir))}\n",
             _table("env.taskset", taskset_settings(profile)),
-            _table("env.agent.harness", {"id": "null"}),
+            _table("env.agent.harness", {"id": HARNESS}),
             _table("env.agent.runtime", {"type": "subprocess"}),
             _table("serve", {"address": f"tcp://127.0.0.1:{port}"}),
         ]

@@ -11,7 +11,13 @@ in the reply is the answer.
 import random
 import re
 
+import httpx
 import verifiers.v1 as vf
+from openai import AsyncOpenAI
+from verifiers.v1.configs.harness import HarnessConfig
+from verifiers.v1.dialects.chat import message_to_wire
+from verifiers.v1.harness import Harness
+from verifiers.v1.runtimes import ProgramResult
 
 INT = re.compile(r"-?\d+")
 
@@ -92,4 +98,46 @@ class ArithTaskset(vf.Taskset[ArithTask, ArithConfig]):
         ]
 
 
-__all__ = ["ArithTaskset"]
+class InlineChatConfig(HarnessConfig):
+    pass
+
+
+class InlineChatHarness(Harness[InlineChatConfig]):
+    """One chat turn from the env-server's own event loop: the ``null`` harness's exchange for
+    a tool-less single-turn task, without its per-rollout program.
+
+    ``null`` starts a Python program (a uv script importing openai, mcp, httpx and tenacity)
+    for every rollout; on a 2-core CPU host that start-up, not generation, bounded the CPU
+    profile at about 30 rollouts a minute. This harness sends the same request to the same
+    interception ``endpoint`` with the same ``secret`` -- the env-server records the turn
+    there exactly as it does for ``null`` -- and runs no code of the model's, so it needs no
+    program and no container. It is the taskset's default harness (exported below).
+    """
+
+    APPENDS_SYSTEM_PROMPT = True
+    EXECUTES_CODE = False
+    NEEDS_CONTAINER = False
+
+    async def setup(self, runtime) -> None:
+        return None  # nothing to install: no program runs in the runtime
+
+    async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data):
+        if mcp_urls:
+            raise ValueError("the cortex-arith harness has no tools; mcp_urls must be empty")
+        system_prompt, prompt = self.resolve_prompt(data)
+        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        if isinstance(prompt, str):
+            messages.append({"role": "user", "content": prompt})
+        elif prompt is not None:
+            messages.extend(message_to_wire(m) for m in prompt)
+        client = AsyncOpenAI(
+            base_url=endpoint, api_key=secret, timeout=httpx.Timeout(None, connect=5.0)
+        )
+        try:
+            await client.chat.completions.create(model=ctx.model, messages=messages)
+        finally:
+            await client.close()
+        return ProgramResult(exit_code=0, stdout="", stderr="")
+
+
+__all__ = ["ArithTaskset", "InlineChatHarness"]
