@@ -126,7 +126,15 @@ def build(engine: str, journey: dict, base: str | None, tag: str, no_cache: bool
     return time.monotonic() - started
 
 
-SHARED_STAGES = ("toolchain", "runtime")
+# Every stage a journey's build reuses is tagged, "uv" and "fixtures" included: the prune after
+# each journey removes untagged stage images, and a pruned "uv" stage (the RUN that installs
+# uv) is rebuilt with a new id, which misses the cache of every stage mounting it: each later
+# journey then rebuilt the whole venv (5-6 min a journey instead of under one). "uv" and
+# "fixtures" come last, as cache hits of what the first two built: building "uv" on its own
+# first and then the venv stage, which bind-mounts it, fails in buildah ("couldn't find
+# .../opt/uv on host to bind mount") when the mounted stage is a cache hit and the stage
+# mounting it is not.
+SHARED_STAGES = ("toolchain", "runtime", "uv", "fixtures")
 
 
 def build_shared(engine: str, base: str | None) -> list[str]:
