@@ -82,3 +82,13 @@ def test_merged_metrics_join_prime_rl_records_by_step(tmp_path):
         {"step": 1, "loss": 0.5},
         {"step": 2, "loss": 0.25, "primerl/off_policy/max": 1},
     ]
+
+
+def test_orchestrator_toml_checkpoints_at_the_profile_interval_and_resumes_a_step():
+    profile = load_grpo_profile("recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json")
+    args = dict(model_dir=Path("/m"), base_url="http://127.0.0.1:9/v1", output_dir=Path("/o"),
+                port=5123, max_steps=10)  # fmt: skip
+    fresh = tomllib.loads(journey.orchestrator_toml(profile, **args))
+    assert fresh["ckpt"] == {"interval": 2} and "resume" not in fresh
+    resumed = tomllib.loads(journey.orchestrator_toml(profile, **args, resume_step=4))
+    assert resumed["resume"] == {"step": 4}

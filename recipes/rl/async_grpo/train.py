@@ -38,7 +38,7 @@ from cortex_recipes.rl.grpo import (
 from cortex_recipes.rl.orchestrator import AsyncOrchestrator, Intervals, overlap_seconds
 from cortex_recipes.rl.policy_lag import RolloutBook
 from cortex_recipes.rl.profile import GRPOProfile, load_grpo_profile
-from cortex_recipes.run import Run, RunConfig, Trainer, open_run, profile_field
+from cortex_recipes.run import CheckpointError, Run, RunConfig, Trainer, open_run, profile_field
 from cortex_recipes.sampling import chat_prompt_ids
 
 log = logging.getLogger("recipes.rl.async_grpo")
@@ -80,6 +80,13 @@ def main(config: Config) -> dict:
         return run.finished
     if config.runner not in ("builtin", "prime-rl"):
         raise ProfileError(f"runner={config.runner!r}; accepted: builtin, prime-rl")
+    written_by = (run.resume or {}).get("runner", "builtin")
+    if run.resume is not None and written_by != config.runner:
+        raise CheckpointError(
+            f"{run.path}/checkpoints/step_{run.resume['step']}: written by runner="
+            f"{written_by!r}, this command is runner={config.runner!r}; resume with the runner "
+            "that wrote it, pass if_exists=overwrite or another run_name"
+        )
     if config.runner == "prime-rl":
         return train_on_primerl(config, profile, run)
 
@@ -107,7 +114,9 @@ def main(config: Config) -> dict:
 
 
 def train_on_primerl(config, profile: GRPOProfile, run: Run) -> dict:
-    """prime-rl's orchestrator + env-server drive the job through the two adapters."""
+    """prime-rl's orchestrator + env-server drive the job through the two adapters. After a
+    kill, rerunning resumes both from the run's newest resume point (the eval history rides in
+    it), every step logged once."""
     from cortex_recipes.primerl.journey import run_primerl
 
     max_steps = config.max_steps or profile.max_steps
@@ -125,8 +134,12 @@ def train_on_primerl(config, profile: GRPOProfile, run: Run) -> dict:
             log.info("eval at step %d: accuracy %.3f", step, found["accuracy"])
             return {"step": step, "accuracy": found["accuracy"], "correct": found["correct"]}
 
-        evals = [evaluate(0)]
-        out = run_primerl(client, profile, run, max_steps=max_steps, job_id=trainer.job_id)
+        # On resume the before-training eval is the first run's (this job starts elsewhere).
+        evals = list(run.resume["evals"]) if run.resume else [evaluate(0)]
+        out = run_primerl(
+            client, profile, run, max_steps=max_steps, job_id=trainer.job_id,
+            state={"evals": evals},
+        )  # fmt: skip
         trainer.sync()  # the sampler may hold the previous version: evaluate the last one
         evals.append(evaluate(max_steps))
         client.cancel_job(trainer.job_id)

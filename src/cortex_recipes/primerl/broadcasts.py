@@ -16,8 +16,10 @@ the sampler ``v+1``'s weights under ``v``'s name. Invariants kept here and by th
 2. ``cortex/trainer_live.json`` says which version the training sub-job holds right now:
    ``{"version": v, "state": "stable"}``, or ``"stepping"`` while an optimizer step is under way.
    Only the trainer adapter writes it.
-3. The inference adapter syncs for version ``v`` only while the live file says ``v``/``stable``,
-   and then writes ``step_<v>/APPLIED``. Only the inference adapter writes ``APPLIED``.
+3. The inference adapter syncs for version ``v`` only while the live file says ``v``/``stable``
+   for its own job, and then writes ``step_<v>/APPLIED`` naming that job. Only the inference
+   adapter writes ``APPLIED``; a marker names the sampler of one job, so a resumed run's new
+   job never takes an old job's marker for its own sampler's weights.
 4. The trainer adapter never marks itself ``stepping`` past ``v`` (v >= 1) before
    ``step_<v>/APPLIED`` exists (the run's last step waits a bounded time: the orchestrator may
    be gone). Invariant 3 alone keeps labels right; invariant 4 keeps the run moving: between
@@ -129,21 +131,33 @@ def latest_published(output_dir: Path) -> dict[str, Any] | None:
 
 
 def mark_applied(output_dir: Path, version: int, detail: dict[str, Any]) -> None:
+    """``step_<version>/APPLIED``; ``detail`` names the ``job_id`` whose sampler holds it."""
     write_json_atomic(version_dir(output_dir, version) / APPLIED, {**detail, "version": version})
 
 
-def is_applied(output_dir: Path, version: int) -> bool:
-    return (version_dir(output_dir, version) / APPLIED).is_file()
+def is_applied(output_dir: Path, version: int, job_id: str | None = None) -> bool:
+    """Whether the sampler of ``job_id`` (any job when None) holds ``version``."""
+    path = version_dir(output_dir, version) / APPLIED
+    if not path.is_file():
+        return False
+    if job_id is None:
+        return True
+    try:
+        marker = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BroadcastError(f"{path} cannot be read: {exc}") from exc
+    return isinstance(marker, dict) and marker.get("job_id") == job_id
 
 
-def latest_applied(output_dir: Path) -> int | None:
+def latest_applied(output_dir: Path, job_id: str | None = None) -> int | None:
+    """The newest version the sampler of ``job_id`` (any job when None) was synced to."""
     root = broadcasts_dir(output_dir)
     if not root.is_dir():
         return None
     found = [
         int(m.group(1))
         for child in root.iterdir()
-        if (m := _STEP_DIR.match(child.name)) and (child / APPLIED).is_file()
+        if (m := _STEP_DIR.match(child.name)) and is_applied(output_dir, int(m.group(1)), job_id)
     ]
     return max(found) if found else None
 

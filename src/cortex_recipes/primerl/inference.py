@@ -12,8 +12,9 @@ Routes (prime-rl 559b447 ``utils/client.py``; admin calls strip ``/v1``):
 - ``POST /update_weights {"weight_dir": ".../broadcasts/step_<v>"}`` and
   ``POST /load_lora_adapter {"lora_name", "lora_path"}``: make the sampler hold exactly version
   ``v``: a ``weight_sync`` from the training sub-job, only while the trainer adapter's live file
-  says it holds ``v`` and is not stepping (:mod:`cortex_recipes.primerl.broadcasts`), then a
-  prefix-cache reset and the ``APPLIED`` marker. Asking again for the version already applied
+  says this job's training sub-job holds ``v`` and is not stepping
+  (:mod:`cortex_recipes.primerl.broadcasts`), then a prefix-cache reset and the ``APPLIED``
+  marker, naming this job. Asking again for the version already applied
   is a no-op (prime-rl retries these calls); asking for a version whose weights are no longer
   (or not yet) live is a 409 naming both versions: a wrong label is never produced;
 - ``GET /metrics``: Prometheus text of this adapter's own counters (``cortex_recipes:*``;
@@ -74,7 +75,8 @@ class InferenceAdapter:
             raise ValueError(f"job {job_id} has no sampling sub-job (it has {sorted(ids)})")
         # None for a sampling-only job: it serves, but cannot take weight updates.
         self.training, self.sampling = ids.get("training"), ids["sampling"]
-        self.version = broadcasts.latest_applied(self.output_dir)  # None: the base weights
+        # None: the base weights (a new job's sampler holds none of an earlier job's versions)
+        self.version = broadcasts.latest_applied(self.output_dir, job_id)
         self._resumed = threading.Event()
         self._resumed.set()
         self._update_lock = threading.Lock()
@@ -120,13 +122,19 @@ class InferenceAdapter:
                     f"{str(self.output_dir)!r}"
                 )
             live = broadcasts.read_live(self.output_dir)
-            if live is None or live["version"] != version or live["state"] != "stable":
+            if (
+                live is None
+                or live["version"] != version
+                or live["state"] != "stable"
+                or live.get("job_id") != self.job_id
+            ):
                 self.counters["weight_update_conflicts"] += 1
-                held = (
-                    "no published version"
-                    if live is None
-                    else "version {version} ({state})".format(**live)
-                )
+                if live is None:
+                    held = "no published version"
+                elif live.get("job_id") != self.job_id:
+                    held = f"nothing of this job (the live file names job {live.get('job_id')})"
+                else:
+                    held = "version {version} ({state})".format(**live)
                 raise WeightVersionConflict(
                     f"weight_dir names version {version}, but the training sub-job holds "
                     f"{held}; syncing now would label other weights as this version"
@@ -151,6 +159,7 @@ class InferenceAdapter:
                 self.output_dir,
                 version,
                 {
+                    "job_id": self.job_id,
                     "checkpoint_id": manifest["checkpoint_id"],
                     "sync_s": round(self.last_update_s, 3),
                 },

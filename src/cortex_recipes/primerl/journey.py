@@ -8,7 +8,8 @@
   server;
 - the trainer adapter (``primerl.trainer``) in a thread of this process;
 - prime-rl's ``env-server`` and ``orchestrator``, unchanged, in prime-rl's own environment
-  (``primerl.launch``), from an ``orch.toml`` and ``env.toml`` written into the run directory.
+  (``primerl.launch``), from an ``orch.toml`` and ``env.toml`` written into the run directory;
+  they die with this process, even on its SIGKILL (``primerl/exit_with_parent.py``).
 
 The task is the offline ``cortex-arith`` verifiers taskset (recipes/rl/async_grpo/primerl/
 tasksets/), generated with the profile's ``env`` knobs. Lag bounds are prime-rl's own:
@@ -19,7 +20,10 @@ Per step the journey's ``metrics.jsonl`` gets the trainer adapter's record (loss
 statistics from the advantages prime-rl computed, ``time/*``) merged with prime-rl's own
 record for that step (its ``metrics.jsonl``: off-policy lag, in-flight counts, rewards), under
 the key prefix ``primerl/``; the merged record is checked against ``async_grpo/prime-rl`` in
-metrics_schema.json (docs/metrics.md), where ``primerl/*`` is the one open namespace.
+metrics_schema.json (docs/metrics.md), where ``primerl/*`` is the one open namespace. Records
+are written as steps are published, and on the steps where prime-rl's orchestrator checkpoints
+(the profile's ``ckpt.interval``) the run gets a resume point: rerunning the same command after
+a kill resumes both sides from the newest one (:mod:`cortex_recipes.primerl.resume`).
 """
 
 from __future__ import annotations
@@ -36,10 +40,11 @@ from typing import Any
 
 from cortex_recipes import frames
 from cortex_recipes.models import load_tokenizer, resolve_model_path
-from cortex_recipes.primerl import broadcasts
+from cortex_recipes.primerl import broadcasts, resume
 from cortex_recipes.primerl.inference import InferenceAdapter
-from cortex_recipes.primerl.launch import primerl_python, script_command
+from cortex_recipes.primerl.launch import child_command, primerl_python
 from cortex_recipes.primerl.trainer import METRICS, TrainerAdapter, TrainerAdapterConfig
+from cortex_recipes.run import CheckpointError
 from cortex_recipes.tito.gateway import Gateway
 
 log = logging.getLogger(__name__)
@@ -119,8 +124,16 @@ def concurrency(profile) -> dict[str, int]:
     return {"initial_inflight": episodes, "min_inflight": episodes, "max_inflight": episodes}
 
 
+def ckpt_interval(profile) -> int:
+    """The profile's ``ckpt.interval`` (1 when it has none): how often prime-rl's orchestrator
+    checkpoints, and so how often the run gets a point both sides can resume from."""
+    return profile.ckpt.interval if profile.ckpt else 1
+
+
 def orchestrator_toml(profile, *, model_dir: Path, base_url: str, output_dir: Path, port: int,
-                      max_steps: int) -> str:  # fmt: skip
+                      max_steps: int, resume_step: int | None = None) -> str:  # fmt: skip
+    """prime-rl's ``orch.toml``; ``resume_step`` (>= 1) resumes its orchestrator from that
+    step's checkpoint (``[resume] step``: the batch after it ships next)."""
     orch = profile.orchestrator
     sampling = orch.sampling
     top = {
@@ -135,9 +148,12 @@ def orchestrator_toml(profile, *, model_dir: Path, base_url: str, output_dir: Pa
         "env_server_base_port": port,
         "collect_inference_metrics": False,
     }
+    resume = [_table("resume", {"step": resume_step})] if resume_step else []
     return "\n".join(
         [
             "".join(f"{k} = {_toml(v)}\n" for k, v in top.items()),
+            _table("ckpt", {"interval": ckpt_interval(profile)}),
+            *resume,
             _table("concurrency", concurrency(profile)),
             _table("model", {"name": str(model_dir)}),
             _table("model.client", {"base_url": base_url, "api_key_var": API_KEY_VAR}),
@@ -188,28 +204,126 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def merge_record(ours: dict[str, Any], theirs: dict[str, Any] | None) -> dict[str, Any]:
+    """The trainer adapter's record of a step with prime-rl's, under ``primerl/``."""
+    extra = {f"primerl/{k}": v for k, v in (theirs or {}).items() if k != "step"}
+    return {**ours, **extra}
+
+
 def merged_metrics(output_dir: Path) -> list[dict[str, Any]]:
     """The trainer adapter's per-step records, each with prime-rl's record for that step."""
-    ours = _jsonl(output_dir / "cortex" / METRICS)
     theirs = {r["step"]: r for r in _jsonl(output_dir / "metrics.jsonl") if "step" in r}
-    merged = []
-    for record in ours:
-        extra = theirs.get(record["step"], {})
-        merged.append({**record, **{f"primerl/{k}": v for k, v in extra.items() if k != "step"}})
-    return merged
+    return [merge_record(r, theirs.get(r["step"])) for r in _jsonl(output_dir / "cortex" / METRICS)]
+
+
+def primerl_record(output_dir: Path, step: int) -> dict[str, Any] | None:
+    """prime-rl's own record of ``step`` (its ``metrics.jsonl``; the last one when repeated)."""
+    found = [r for r in _jsonl(output_dir / "metrics.jsonl") if r.get("step") == step]
+    return found[-1] if found else None
+
+
+class RunRecorder:
+    """The trainer adapter's ``on_step``: each published step's record, merged with prime-rl's
+    record of that step, goes to the run's ``metrics.jsonl``; then, on the steps where prime-rl's
+    orchestrator checkpoints, the run's own resume point (:mod:`cortex_recipes.primerl.resume`)."""
+
+    def __init__(self, run, output_dir: Path, *, interval: int, max_steps: int,
+                 state: dict[str, Any], wait_s: float = 30.0):  # fmt: skip
+        self.run, self.output_dir = run, Path(output_dir)
+        self.interval, self.max_steps = interval, max_steps
+        self.state = state  # what every resume point carries besides the step and trainer
+        self.wait_s = wait_s
+
+    def _wait(self, predicate) -> bool:
+        deadline = time.monotonic() + self.wait_s
+        while not predicate():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
+    def save_point(self, step: int) -> bool:
+        """The run's resume point at ``step``, if both sides can resume from it."""
+        if not resume.agreed(self.output_dir, step):
+            return False
+        manifest = broadcasts.read_manifest(broadcasts.version_dir(self.output_dir, step))
+        trainer = {k: manifest.get(k) for k in ("job_id", "checkpoint_id", "stage_path")}
+        self.run.checkpoints.save(
+            step,
+            {**self.state, "runner": RUNNER, "config_hash": self.run.config_hash,
+             "trainer": trainer},
+        )  # fmt: skip
+        self.run.checkpoint(step=step, checkpoint_type="resumable", runner=RUNNER, **trainer)
+        return True
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        step = record["step"]
+        self._wait(lambda: primerl_record(self.output_dir, step) is not None)
+        merged = merge_record(record, primerl_record(self.output_dir, step))
+        self.run.record_metrics(merged, schema=METRICS_SCHEMA)
+        if step % self.interval == 0 or step == self.max_steps:
+            ckpt = resume.orchestrator_checkpoint(self.output_dir, step)
+            if not (self._wait(ckpt.is_file) and self.save_point(step)):
+                log.warning("step %d: no orchestrator checkpoint %s; no resume point", step, ckpt)
+
+
+RUNNER = "prime-rl"
 
 
 def run_primerl(client, profile, run, *, max_steps: int, job_id: str,
-                python: str | None = None, timeout_s: float = 3600.0) -> dict[str, Any]:  # fmt: skip
-    """Train ``max_steps`` with prime-rl's orchestrator; returns the summary fields."""
+                state: dict[str, Any] | None = None, python: str | None = None,
+                timeout_s: float = 3600.0) -> dict[str, Any]:  # fmt: skip
+    """Train up to ``max_steps`` with prime-rl's orchestrator; returns the summary fields.
+
+    ``run.resume`` (a resume point this function wrote) makes it resume after that step;
+    ``state`` is carried in every resume point (the journey's eval history).
+    """
     prime = primerl_python(python)
     work = run.path / "primerl"
     output_dir = work / "outputs"
-    output_dir.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    resume.wait_for_earlier_processes(work)
+    point = run.resume
+    if point is not None and point.get("runner") != RUNNER:
+        raise CheckpointError(
+            f"{run.path}/checkpoints/step_{point['step']}: runner="
+            f"{point.get('runner', 'builtin')!r}, this run is runner={RUNNER!r}; resume it with "
+            "the runner that wrote it, or pass if_exists=overwrite"
+        )
+    resume_step = point["step"] if point is not None else None
+    restored = resume.restore(output_dir, resume_step, point and point["trainer"])
+    started = time.monotonic()
+    counters = _train(client, profile, run, prime=prime, work=work, output_dir=output_dir,
+                      max_steps=max_steps, job_id=job_id, resume_step=resume_step,
+                      state=state or {}, timeout_s=timeout_s)  # fmt: skip
+    records = run.read_metrics()
+    steps = [r["step"] for r in records]
+    if steps != list(range(1, max_steps + 1)):
+        raise RuntimeError(
+            f"{run.path}/metrics.jsonl holds steps {steps}, expected 1..{max_steps} once each"
+        )
+    return {
+        "orchestrator": RUNNER,
+        "published_versions": broadcasts.published_versions(output_dir),
+        "steps": steps,
+        "losses": [r.get("loss") for r in records],
+        "resumed_from_step": resume_step,
+        "retracted": {k: v for k, v in restored.items() if k != "resume_step"},
+        "inference_counters": counters,
+        "primerl_dir": str(work),
+        "wall_time_s": round(time.monotonic() - started, 1),
+    }
+
+
+def _train(client, profile, run, *, prime: Path, work: Path, output_dir: Path, max_steps: int,
+           job_id: str, resume_step: int | None, state: dict[str, Any],
+           timeout_s: float) -> dict[str, int]:  # fmt: skip
     model_dir = resolve_model_path(profile.model)
     tokenizer = load_tokenizer(profile.model)
     pad_id = frames.pad_id(tokenizer)
     port = free_port()
+    interval = ckpt_interval(profile)
+    recorder = RunRecorder(run, output_dir, interval=interval, max_steps=max_steps, state=state)
     adapter = InferenceAdapter(
         client, job_id, model=str(model_dir), max_model_len=profile.max_seq_len,
         output_dir=output_dir, weight_format=profile.weight_format, base_seed=profile.seed,
@@ -223,19 +337,30 @@ def run_primerl(client, profile, run, *, max_steps: int, job_id: str,
             pad_id=pad_id,
             loss_config=profile.loss_config(),
             learning_rate=profile.trainer.learning_rate,
+            on_step=recorder,
         ),  # fmt: skip
     )
+    # Before prime-rl starts: the version it syncs first must be live in this job already.
+    version = trainer.start()
+    if version != (resume_step or 0):
+        raise CheckpointError(
+            f"{output_dir}/broadcasts: the trainer adapter resumed at version {version}, the "
+            f"run's resume point is step {resume_step or 0}"
+        )
+    if resume_step is None and not recorder.save_point(0):
+        raise RuntimeError(f"{output_dir}: version 0 was not published")
+    if version >= max_steps:  # killed after its last resume point: the weights are loaded
+        return dict(adapter.counters)
     failures: list[BaseException] = []
 
     def train() -> None:
         try:
-            trainer.run()
+            trainer.train_steps()
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller below
             failures.append(exc)
 
     env = {**os.environ, API_KEY_VAR: "local", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": str(tasksets_dir())}  # fmt: skip
-    started = time.monotonic()
     with Gateway(adapter.app) as gateway:
         (work / "orch.toml").write_text(
             orchestrator_toml(
@@ -245,6 +370,7 @@ def run_primerl(client, profile, run, *, max_steps: int, job_id: str,
                 output_dir=output_dir,
                 port=port,
                 max_steps=max_steps,
+                resume_step=resume_step or None,
             )  # fmt: skip
         )
         (work / "env.toml").write_text(
@@ -257,15 +383,24 @@ def run_primerl(client, profile, run, *, max_steps: int, job_id: str,
             open(work / "orchestrator.log", "ab") as orch_log,
         ):
             env_server = subprocess.Popen(
-                script_command(prime, "env-server", "@", str(work / "env.toml")),
+                child_command(prime, "env-server", "@", str(work / "env.toml")),
                 env=env, stdout=env_log, stderr=subprocess.STDOUT,
             )  # fmt: skip
             try:
-                orchestrator = subprocess.run(
-                    script_command(prime, "orchestrator", "@", str(work / "orch.toml")),
-                    env=env, stdout=orch_log, stderr=subprocess.STDOUT, timeout=timeout_s,
-                    check=False,
+                orchestrator = subprocess.Popen(
+                    child_command(prime, "orchestrator", "@", str(work / "orch.toml")),
+                    env=env, stdout=orch_log, stderr=subprocess.STDOUT,
                 )  # fmt: skip
+                resume.record_processes(
+                    work, {"env-server": env_server.pid, "orchestrator": orchestrator.pid},
+                    marker=str(work),
+                )  # fmt: skip
+                try:
+                    returncode = _wait(orchestrator, failures, timeout_s)
+                finally:
+                    if orchestrator.poll() is None:
+                        orchestrator.kill()
+                        orchestrator.wait()
             finally:
                 env_server.terminate()
                 try:
@@ -273,24 +408,29 @@ def run_primerl(client, profile, run, *, max_steps: int, job_id: str,
                 except subprocess.TimeoutExpired:
                     env_server.kill()
         thread.join(timeout=600)
-    if orchestrator.returncode != 0:
+    if failures:  # the trainer adapter's error explains an orchestrator stopped because of it
+        raise failures[0]
+    if returncode != 0:
         raise RuntimeError(
-            f"prime-rl's orchestrator exited with {orchestrator.returncode}; "
-            f"its log: {work / 'orchestrator.log'}"
+            f"prime-rl's orchestrator exited with {returncode}; its log: {work / 'orchestrator.log'}"
         )
     if failures:
         raise failures[0]
     if thread.is_alive():
         raise RuntimeError(f"the trainer adapter did not finish; see {work}")
-    records = merged_metrics(output_dir)
-    for record in records:
-        run.record_metrics(record, schema=METRICS_SCHEMA)
-    return {
-        "orchestrator": "prime-rl",
-        "published_versions": broadcasts.published_versions(output_dir),
-        "steps": [r["step"] for r in records],
-        "losses": [r.get("loss") for r in records],
-        "inference_counters": dict(adapter.counters),
-        "primerl_dir": str(work),
-        "wall_time_s": round(time.monotonic() - started, 1),
-    }
+    return dict(adapter.counters)
+
+
+def _wait(process: subprocess.Popen, failures: list, timeout_s: float) -> int | None:
+    """The orchestrator's exit status; None when the trainer adapter failed first (the caller
+    then stops the orchestrator). Raises ``TimeoutError`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not failures:
+        try:
+            return process.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"prime-rl's orchestrator did not finish in {timeout_s:.0f} s"
+                ) from None
+    return None

@@ -4,8 +4,9 @@ prime-rl (commit 559b447) needs Python 3.12 and its own verifiers commit, so it 
 environment of its own, beside this project's (docs/async-grpo.md says how to build it). That
 environment is found through one variable, ``CORTEX_RECIPES_PRIMERL_PYTHON``: the path of its
 ``python``. Its scripts (``orchestrator``, ``env-server``) are started through
-``import_standins.py`` so that a CPU host without torchtitan/flash-attn can import them; a host
-with the real packages gets no stand-in.
+``import_standins.py`` so that a CPU host without torchtitan/flash-attn can import them (a host
+with the real packages gets no stand-in), and by the journey through ``exit_with_parent.py``
+too, so that they never outlive it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 ENV_VAR = "CORTEX_RECIPES_PRIMERL_PYTHON"
 STANDINS = Path(__file__).with_name("import_standins.py")
+EXIT_WITH_PARENT = Path(__file__).with_name("exit_with_parent.py")
 
 
 class PrimeRLNotFound(RuntimeError):
@@ -45,3 +47,9 @@ def primerl_python(explicit: str | os.PathLike | None = None) -> Path:
 def script_command(python: Path, script: str, *args: str) -> list[str]:
     """The argv that runs prime-rl's console ``script`` with ``args`` in its environment."""
     return [str(python), str(STANDINS), script, *args]
+
+
+def child_command(python: Path, script: str, *args: str) -> list[str]:
+    """:func:`script_command`, for a process that must die with this one (``exit_with_parent``):
+    a killed journey leaves no orchestrator writing into the run it resumes."""
+    return [str(python), str(EXIT_WITH_PARENT), str(os.getpid()), str(STANDINS), script, *args]

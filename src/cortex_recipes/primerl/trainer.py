@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,9 @@ class TrainerAdapterConfig:
     # v{max_steps-1} (nothing samples from the last versions), so the last step waits only
     # this long; a later request for that version is then refused (409), never mislabelled.
     final_sync_timeout_s: float = 30.0
+    # Called with each step's record once that version is published (the journey writes the
+    # run's metrics and its resume points from it).
+    on_step: Callable[[dict[str, Any]], None] | None = None
 
 
 def sample_row(row: Sample) -> frames.Row:
@@ -135,9 +138,10 @@ class TrainerAdapter:
     # -- one step -------------------------------------------------------------------------
 
     def _sampler_has(self, version: int) -> bool:
-        if version == 0 and broadcasts.latest_applied(self.output_dir) is None:
+        job_id = self.config.job_id
+        if version == 0 and broadcasts.latest_applied(self.output_dir, job_id) is None:
             return True  # nothing was ever synced: the sampler holds the base weights, v0
-        return broadcasts.is_applied(self.output_dir, version)
+        return broadcasts.is_applied(self.output_dir, version, job_id)
 
     def _wait_for_sampler(self, step: int) -> float:
         """Seconds until the sampler holds version ``step - 1`` (invariant 4 of broadcasts)."""
@@ -200,12 +204,22 @@ class TrainerAdapter:
         log.info(
             "step %d: %d samples, loss %s, published v%d", step, len(rows), record["loss"], step
         )
+        if config.on_step is not None:
+            config.on_step(record)
         return record
+
+    def train_steps(self) -> list[dict[str, Any]]:
+        """After :meth:`start`: train until ``max_steps`` is published."""
+        if self.version is None:
+            raise RuntimeError("train_steps() before start(): no version is held")
+        return [
+            self.train_step(step) for step in range(self.version + 1, self.config.max_steps + 1)
+        ]
 
     def run(self) -> list[dict[str, Any]]:
         """Start (or resume) and train until ``max_steps`` is published."""
-        start = self.start()
-        return [self.train_step(step) for step in range(start + 1, self.config.max_steps + 1)]
+        self.start()
+        return self.train_steps()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
