@@ -104,3 +104,39 @@ def test_grpo_eval_gain_needs_per_item_results():
     summary = {"eval_accuracy": [{"step": 0, "accuracy": 0.2}, {"step": 5, "accuracy": 0.5}]}
     with pytest.raises(ValueError, match="step 0: no per-item 'correct' list"):
         eval_gain(summary)
+
+
+def test_prime_rl_checks_pin_lag_sync_overlap_and_the_resume():
+    from cortex_recipes.rl.checks import primerl_checks
+    from cortex_recipes.rl.policy_lag import LagConfig
+
+    summary = {
+        "rewards": [0.1, 0.2, 0.4, 0.5],
+        "eval_accuracy": [
+            {"step": 0, "accuracy": 24 / 128, "correct": [1] * 24 + [0] * 104},
+            {"step": 4, "accuracy": 0.5, "correct": [1] * 64 + [0] * 64},
+        ],
+        "overlap_fraction": 0.4,
+        "published_versions": [0, 1, 2, 3, 4],
+        "applied_versions": [0, 1, 2],
+        "resumed_from_step": 2,
+    }
+    run = {
+        "summary": summary,
+        "events": [{"event": "training killed", "after_step": 3}],
+        "steps_logged": [1, 2, 3, 4],
+        "off_policy_max_per_step": [0.0, 1.0, 2.0, 1.0],
+    }
+    lag = LagConfig(groups_per_step=2, max_async_level=1, max_off_policy_steps=2)
+    assert all(primerl_checks(run, 4, lag).values()), primerl_checks(run, 4, lag)
+    for change, failed in [
+        ({"off_policy_max_per_step": [0.0, 1.0, 3.0, 1.0]}, "lag_within_max_off_policy_steps"),
+        ({"off_policy_max_per_step": [0.0, 1.0, None, 1.0]}, "lag_observed_every_step"),
+        ({"off_policy_max_per_step": [0.0] * 4}, "sampling_ran_ahead"),
+        ({"steps_logged": [1, 2, 2, 3, 4]}, "every_step_once_in_order"),
+        ({"summary": {**summary, "applied_versions": [0, 2]}}, "weight_sync_every_step"),
+        ({"summary": {**summary, "overlap_fraction": 0.0}}, "rollouts_overlapped_training"),
+        ({"summary": {**summary, "resumed_from_step": None}}, "resumed_after_process_kill"),
+    ]:
+        checks = primerl_checks({**run, **change}, 4, lag)
+        assert [k for k, ok in checks.items() if not ok] == [failed], change

@@ -92,3 +92,24 @@ def test_orchestrator_toml_checkpoints_at_the_profile_interval_and_resumes_a_ste
     assert fresh["ckpt"] == {"interval": 2} and "resume" not in fresh
     resumed = tomllib.loads(journey.orchestrator_toml(profile, **args, resume_step=4))
     assert resumed["resume"] == {"step": 4}
+
+
+def test_overlap_fraction_counts_training_time_with_a_rollout_in_flight():
+    training = [(0.0, 10.0), (20.0, 30.0)]
+    generation = [(5.0, 8.0), (6.0, 12.0), (25.0, 40.0), (50.0, 60.0)]
+    assert journey.overlap_fraction(training, generation) == pytest.approx((5.0 + 5.0) / 20.0)
+    assert journey.overlap_fraction(training, []) == 0.0
+    assert journey.overlap_fraction([], generation) == 0.0
+
+
+def test_step_reward_is_prime_rls_effective_reward_and_refuses_two_agents():
+    record = {
+        "step": 3,
+        "primerl/train/agg/effective/default/reward/mean": 0.25,
+        "primerl/train/agg/all/default/reward/mean": 0.5,  # the arrival window, not trained on
+    }
+    assert journey.step_reward(record) == 0.25
+    assert journey.step_reward({"step": 3}) is None
+    two = {**record, "primerl/train/agg/effective/other/reward/mean": 1.0}
+    with pytest.raises(ValueError, match="more than one agent"):
+        journey.step_reward(two)

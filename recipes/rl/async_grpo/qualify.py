@@ -1,6 +1,7 @@
 """Qualify an async GRPO profile: one run, interrupted twice, that must still finish cleanly.
 
     python -m recipes.rl.async_grpo.qualify profile=recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json
+    python -m recipes.rl.async_grpo.qualify runner=prime-rl      # on prime-rl's orchestrator
 
 The training command runs as a child process:
 1. once step ``kill_backend_after`` is logged, the local backend server is killed. The run
@@ -11,7 +12,17 @@ The training command runs as a child process:
 The checks: reward rose and greedy eval accuracy rose; the observed lag never exceeded
 ``max_async_level`` or ``max_off_policy_steps``; rollouts overlapped training; every step
 from 1 to ``max_steps`` was logged exactly once; both interruptions resumed from a
-checkpoint. The record goes to ``evidence/<profile>.json`` and ``last_validated`` is set.
+checkpoint. The record goes to ``evidence/<profile>.json`` and ``last_validated`` is set
+(``evidence=false``: print the checks and write nothing).
+
+With ``runner=prime-rl`` (prime-rl's orchestrator and env-server, ``CORTEX_RECIPES_PRIMERL_PYTHON``)
+there is one interruption: once step ``kill_run_after`` is logged the training process gets
+SIGKILL (its trainer adapter with it; prime-rl's processes die with it), and the rerun must
+resume both sides from the run's newest resume point. The checks (``rl.checks.primerl_checks``):
+reward and eval accuracy rose as above; the lag prime-rl observed was logged every step, stayed
+within ``max_off_policy_steps`` and was at least 1 somewhere; rollouts were generated while the
+trainer trained; every version sampled from was applied to the sampler; every step once; the
+rerun resumed.
 """
 
 from __future__ import annotations
@@ -29,7 +40,7 @@ import chz
 
 from cortex_recipes.intervals import bootstrap_mean
 from cortex_recipes.qualify import record_evidence, work_dir
-from cortex_recipes.rl.checks import async_grpo_checks, eval_gain
+from cortex_recipes.rl.checks import async_grpo_checks, eval_gain, primerl_checks
 from cortex_recipes.rl.profile import load_grpo_profile
 
 log = logging.getLogger("recipes.rl.async_grpo.qualify")
@@ -42,6 +53,8 @@ class Config:
     kill_backend_after: int = 3
     kill_run_after: int = 6
     timeout_s: float = 3600.0
+    runner: str = chz.field(default="builtin", doc="builtin | prime-rl (see train.py)")
+    evidence: bool = chz.field(default=True, doc="false: print the checks, write no record")
 
 
 def logged_steps(run_dir: Path) -> list[int]:
@@ -73,6 +86,10 @@ def wait_for_step(proc, run_dir: Path, step: int, deadline: float) -> None:
 def main(config: Config) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     profile = load_grpo_profile(config.profile)
+    if config.runner not in ("builtin", "prime-rl"):
+        raise ValueError(f"runner={config.runner!r}; accepted: builtin, prime-rl")
+    if config.runner == "prime-rl":
+        return qualify_primerl(config, profile)
     run_dir = work_dir("qualify-async-grpo-")
     command = [
         sys.executable,
@@ -120,11 +137,96 @@ def main(config: Config) -> dict:
         "off_policy_max": max(run["off_policy_max_per_step"]),
         "overlap_fraction": summary["overlap_fraction"],
     }
-    path = record_evidence(
-        RECIPE_DIR, profile.name, profile.config_hash, [run], checks, metrics=measured
-    )
+    return finish(config, profile, run, checks, measured)
+
+
+def finish(config: Config, profile, run: dict, checks: dict, measured: dict) -> dict:
+    path = None
+    if config.evidence:
+        path = record_evidence(
+            RECIPE_DIR, profile.name, profile.config_hash, [run], checks, metrics=measured
+        )
     print(json.dumps({"checks": checks, "evidence": str(path) if path else None}, indent=2))
     return {"checks": checks, "evidence": path}
+
+
+def processes_gone(run_dir: Path, timeout_s: float = 30.0) -> bool:
+    """Whether the prime-rl processes the killed journey recorded are gone within
+    ``timeout_s`` (they die with it: ``primerl/exit_with_parent.py``)."""
+    path = run_dir / "primerl" / "processes.json"
+    if not path.is_file():
+        return True
+    pids = json.loads(path.read_text())["pids"].values()
+    deadline = time.monotonic() + timeout_s
+    while any(_running(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _running(pid: int) -> bool:
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+def qualify_primerl(config: Config, profile) -> dict:
+    run_dir = work_dir("qualify-async-grpo-primerl-")
+    command = [
+        sys.executable, "-m", "recipes.rl.async_grpo.train", "runner=prime-rl",
+        f"profile={config.profile}", f"log_path={run_dir}",
+    ]  # fmt: skip
+    deadline = time.monotonic() + config.timeout_s
+    events = []
+    with open(run_dir / "train-1.log", "wb") as out:
+        first = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        wait_for_step(first, run_dir, config.kill_run_after, deadline)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    events.append(
+        {
+            "event": "training killed",
+            "after_step": max(logged_steps(run_dir)),
+            "primerl_processes_gone": processes_gone(run_dir),
+        }
+    )
+    log.info("killed training after step %d", events[-1]["after_step"])
+    with open(run_dir / "train-2.log", "wb") as out:
+        subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=True)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+    run = {
+        "runner": "prime-rl",
+        "summary": summary,
+        "events": events,
+        "steps_logged": [m["step"] for m in metrics],
+        "rewards": summary["rewards"],
+        "off_policy_max_per_step": summary["off_policy_max_per_step"],
+        "time_per_step_s": [m["time/step"] for m in metrics],
+    }
+    missing = [s for s, r in zip(run["steps_logged"], run["rewards"], strict=True) if r is None]
+    if missing:
+        raise RuntimeError(
+            f"{run_dir}/metrics.jsonl: steps {missing} have no prime-rl reward "
+            "(primerl/train/agg/effective/<agent>/reward/mean)"
+        )
+    checks = {
+        **primerl_checks(run, profile.max_steps, profile.lag_config()),
+        "primerl_processes_died_with_the_journey": events[0]["primerl_processes_gone"],
+    }
+    evals = summary["eval_accuracy"]
+    observed = [x for x in run["off_policy_max_per_step"] if x is not None]
+    measured = {
+        "eval_accuracy_before": bootstrap_mean("eval_accuracy_before", evals[0]["correct"]),
+        "eval_accuracy_after": bootstrap_mean("eval_accuracy_after", evals[-1]["correct"]),
+        "eval_accuracy_gain": eval_gain(summary),
+        "reward_last_step": summary["rewards"][-1],
+        "off_policy_max": max(observed, default=None),
+        "overlap_fraction": summary["overlap_fraction"],
+    }
+    return finish(config, profile, run, checks, measured)
 
 
 if __name__ == "__main__":

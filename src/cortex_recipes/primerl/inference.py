@@ -89,11 +89,15 @@ class InferenceAdapter:
             "pauses": 0,
         }
         self.last_update_s = 0.0
+        #: (start, end) of every generate call, time.monotonic(): what overlapped training
+        self.generation_intervals: list[tuple[float, float]] = []
         sampler = sdk_generate(client, job_id)
 
         def generate(prompt_ids: list[int], params: dict) -> dict:
             self._resumed.wait()
+            t0 = time.monotonic()
             result = sampler(prompt_ids, params)
+            self.generation_intervals.append((t0, time.monotonic()))
             self.counters["generate_requests"] += 1
             self.counters["generate_tokens"] += len(result.get("token_ids") or [])
             return result

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -216,6 +217,37 @@ def merged_metrics(output_dir: Path) -> list[dict[str, Any]]:
     return [merge_record(r, theirs.get(r["step"])) for r in _jsonl(output_dir / "cortex" / METRICS)]
 
 
+def overlap_fraction(training: list[tuple[float, float]],
+                     generation: list[tuple[float, float]]) -> float:  # fmt: skip
+    """The share of training time during which at least one rollout was being generated."""
+    merged: list[list[float]] = []
+    for start, end in sorted(generation):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    total = sum(end - start for start, end in training)
+    both = sum(
+        max(0.0, min(end, g_end) - max(start, g_start))
+        for start, end in training
+        for g_start, g_end in merged
+    )
+    return both / total if total > 0 else 0.0
+
+
+REWARD_KEY = re.compile(r"^primerl/train/agg/effective/[^/]+/reward/mean$")
+
+
+def step_reward(record: dict[str, Any]) -> float | None:
+    """The mean reward of the samples a step trained on, from prime-rl's record (its
+    ``train/agg/effective/<agent>/reward/mean``); None when prime-rl logged none."""
+    found = [v for k, v in record.items() if REWARD_KEY.match(k)]
+    if len(found) > 1:
+        keys = sorted(k for k in record if REWARD_KEY.match(k))
+        raise ValueError(f"step {record.get('step')}: more than one agent's reward: {keys}")
+    return found[0] if found else None
+
+
 def primerl_record(output_dir: Path, step: int) -> dict[str, Any] | None:
     """prime-rl's own record of ``step`` (its ``metrics.jsonl``; the last one when repeated)."""
     found = [r for r in _jsonl(output_dir / "metrics.jsonl") if r.get("step") == step]
@@ -293,9 +325,10 @@ def run_primerl(client, profile, run, *, max_steps: int, job_id: str,
     resume_step = point["step"] if point is not None else None
     restored = resume.restore(output_dir, resume_step, point and point["trainer"])
     started = time.monotonic()
-    counters = _train(client, profile, run, prime=prime, work=work, output_dir=output_dir,
-                      max_steps=max_steps, job_id=job_id, resume_step=resume_step,
-                      state=state or {}, timeout_s=timeout_s)  # fmt: skip
+    counters, overlap = _train(client, profile, run, prime=prime, work=work,
+                               output_dir=output_dir, max_steps=max_steps, job_id=job_id,
+                               resume_step=resume_step, state=state or {},
+                               timeout_s=timeout_s)  # fmt: skip
     records = run.read_metrics()
     steps = [r["step"] for r in records]
     if steps != list(range(1, max_steps + 1)):
@@ -307,6 +340,15 @@ def run_primerl(client, profile, run, *, max_steps: int, job_id: str,
         "published_versions": broadcasts.published_versions(output_dir),
         "steps": steps,
         "losses": [r.get("loss") for r in records],
+        "rewards": [step_reward(r) for r in records],
+        "off_policy_max_per_step": [r.get("primerl/off_policy/max") for r in records],
+        "applied_versions": [
+            v
+            for v in broadcasts.published_versions(output_dir)
+            if broadcasts.is_applied(output_dir, v)
+        ],
+        # This command's segment: training time during which rollouts were being generated.
+        "overlap_fraction": round(overlap, 4),
         "resumed_from_step": resume_step,
         "retracted": {k: v for k, v in restored.items() if k != "resume_step"},
         "inference_counters": counters,
@@ -317,7 +359,7 @@ def run_primerl(client, profile, run, *, max_steps: int, job_id: str,
 
 def _train(client, profile, run, *, prime: Path, work: Path, output_dir: Path, max_steps: int,
            job_id: str, resume_step: int | None, state: dict[str, Any],
-           timeout_s: float) -> dict[str, int]:  # fmt: skip
+           timeout_s: float) -> tuple[dict[str, int], float]:  # fmt: skip
     model_dir = resolve_model_path(profile.model)
     tokenizer = load_tokenizer(profile.model)
     pad_id = frames.pad_id(tokenizer)
@@ -350,7 +392,7 @@ def _train(client, profile, run, *, prime: Path, work: Path, output_dir: Path, m
     if resume_step is None and not recorder.save_point(0):
         raise RuntimeError(f"{output_dir}: version 0 was not published")
     if version >= max_steps:  # killed after its last resume point: the weights are loaded
-        return dict(adapter.counters)
+        return dict(adapter.counters), 0.0
     failures: list[BaseException] = []
 
     def train() -> None:
@@ -414,11 +456,10 @@ def _train(client, profile, run, *, prime: Path, work: Path, output_dir: Path, m
         raise RuntimeError(
             f"prime-rl's orchestrator exited with {returncode}; its log: {work / 'orchestrator.log'}"
         )
-    if failures:
-        raise failures[0]
     if thread.is_alive():
         raise RuntimeError(f"the trainer adapter did not finish; see {work}")
-    return dict(adapter.counters)
+    overlap = overlap_fraction(trainer.train_intervals, adapter.generation_intervals)
+    return dict(adapter.counters), overlap
 
 
 def _wait(process: subprocess.Popen, failures: list, timeout_s: float) -> int | None:

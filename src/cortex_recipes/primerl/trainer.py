@@ -96,6 +96,8 @@ class TrainerAdapter:
         self.config = config
         self.output_dir = Path(config.output_dir)
         self.version: int | None = None
+        #: (start, end) of each forward-backward and optimizer step, time.monotonic()
+        self.train_intervals: list[tuple[float, float]] = []
 
     # -- start and resume ---------------------------------------------------------------
 
@@ -175,11 +177,14 @@ class TrainerAdapter:
         frame, stats = grpo_rows_frame(rows, config.pad_id, config.loss_config)
         t_train = time.monotonic()
         result = self.client.poll_request(job_id, self.client.forward_backward(job_id, frame))
+        self.train_intervals.append((t_train, time.monotonic()))
         synced = self._wait_for_sampler(step)
         broadcasts.write_live(self.output_dir, step - 1, "stepping", job_id)
+        t_opt = time.monotonic()
         stepped = self.client.poll_request(
             job_id, self.client.step(job_id, learning_rate=config.learning_rate)
         )
+        self.train_intervals.append((t_opt, time.monotonic()))
         train_s = time.monotonic() - t_train - synced
         saved = self._publish(step, time.monotonic())
         broadcasts.write_live(self.output_dir, step, "stable", job_id)
