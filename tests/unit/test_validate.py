@@ -327,18 +327,22 @@ def test_mutable_reference_in_readme_recipe_and_config_is_reported(repo):
 # --- last_validated and evidence ----------------------------------------------------------
 
 
+# A date after every record's (the tests read the real records' dates, never hard-code them).
+LATER = "2099-01-01"
+
+
 def _profile(data, name):
     return next(p for p in data["profiles"] if p["name"] == name)
 
 
 def test_last_validated_without_a_record_is_reported(repo):
     data = _recipe(repo)
-    _profile(data, "local-cpu-tiny-qwen3")["last_validated"] = "2026-11-30"
+    _profile(data, "local-cpu-tiny-qwen3")["last_validated"] = LATER  # newer than any record
     _write_recipe(repo, data)
     found = problems_of(repo)
     label = f"{SFT}/recipe.yaml: profiles[local-cpu-tiny-qwen3]"
-    assert f"{label}: last_validated='2026-11-30' without an evidence record" in found
-    assert any("must be the newest profile date ('2026-11-30')" in p for p in found)
+    assert f"{label}: last_validated='{LATER}' without an evidence record" in found
+    assert any(f"must be the newest profile date ('{LATER}')" in p for p in found)
 
 
 def test_last_validated_with_a_failed_record_is_reported(repo):
@@ -346,30 +350,33 @@ def test_last_validated_with_a_failed_record_is_reported(repo):
     record = json.loads(record_path.read_text())
     record["passed"] = False
     record_path.write_text(json.dumps(record))
+    date = _profile(_recipe(repo), "local-cpu-smollm2-lora")["last_validated"]
     assert problems_of(repo) == [
-        f"{SFT}/recipe.yaml: profiles[local-cpu-smollm2-lora]: last_validated='2026-11-29' but "
+        f"{SFT}/recipe.yaml: profiles[local-cpu-smollm2-lora]: last_validated='{date}' but "
         "evidence 'evidence/local-cpu-smollm2-lora.json' has passed=False"
     ]
 
 
 def test_last_validated_with_a_missing_record_file_is_reported(repo):
     (repo / OPD / "evidence" / "local-cpu-smollm2-teacher.json").unlink()
+    date = _profile(_recipe(repo, OPD), "local-cpu-smollm2-teacher")["last_validated"]
     found = problems_of(repo)
     assert (
-        f"{OPD}/recipe.yaml: profiles[local-cpu-smollm2-teacher]: last_validated='2026-11-29' but "
+        f"{OPD}/recipe.yaml: profiles[local-cpu-smollm2-teacher]: last_validated='{date}' but "
         "evidence 'evidence/local-cpu-smollm2-teacher.json' does not exist"
     ) in found
 
 
 def test_last_validated_with_a_record_of_another_date_is_reported(repo):
     data = _recipe(repo)
-    _profile(data, "local-cpu-smollm2-full")["last_validated"] = "2026-12-01"
-    data["last_validated"] = "2026-12-01"
+    recorded = json.loads((repo / SFT / "evidence" / "local-cpu-smollm2-full.json").read_text())
+    _profile(data, "local-cpu-smollm2-full")["last_validated"] = LATER
+    data["last_validated"] = LATER
     data["evidence"] = "evidence/local-cpu-smollm2-full.json"
     _write_recipe(repo, data)
     found = problems_of(repo)
     assert any(
-        "last_validated='2026-12-01' but evidence" in p and "is dated '2026-11-29'" in p
+        f"last_validated='{LATER}' but evidence" in p and f"is dated '{recorded['date']}'" in p
         for p in found
     )
 
