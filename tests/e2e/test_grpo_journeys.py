@@ -29,6 +29,10 @@ SYNC_SMOKE = "recipes/rl/math_grpo/configs/local-cpu-tiny-qwen3-smoke.json"
 
 
 def command(module: str, **overrides) -> list[str]:
+    if module == "recipes.rl.async_grpo.train":
+        # these tests pin the builtin scheduler; runner=auto would pick prime-rl where
+        # $CORTEX_RECIPES_PRIMERL_PYTHON is set (tests/e2e/test_primerl_journey.py covers that)
+        overrides.setdefault("runner", "builtin")
     return [sys.executable, "-m", module, *(f"{k}={v}" for k, v in overrides.items())]
 
 
@@ -145,9 +149,11 @@ def test_resuming_with_a_changed_profile_is_refused(tmp_path):
     from recipes.rl.async_grpo.train import Config, main
 
     with pytest.raises(CheckpointError, match="profile hash 0000"):
-        main(Config(profile=ASYNC_SMOKE, log_path=str(tmp_path)))
+        main(Config(profile=ASYNC_SMOKE, log_path=str(tmp_path), runner="builtin"))
     with pytest.raises(CheckpointError, match="if_exists=resume"):
-        main(Config(profile=ASYNC_SMOKE, log_path=str(tmp_path), if_exists="fail"))
+        main(
+            Config(profile=ASYNC_SMOKE, log_path=str(tmp_path), if_exists="fail", runner="builtin")
+        )
     assert RunCheckpoints(tmp_path / "checkpoints").steps() == [3]  # nothing saved was lost
 
 

@@ -113,3 +113,24 @@ def test_step_reward_is_prime_rls_effective_reward_and_refuses_two_agents():
     two = {**record, "primerl/train/agg/effective/other/reward/mean": 1.0}
     with pytest.raises(ValueError, match="more than one agent"):
         journey.step_reward(two)
+
+
+def test_runner_auto_picks_prime_rl_only_where_its_environment_is_named(monkeypatch):
+    from recipes.rl.async_grpo import train
+
+    monkeypatch.delenv("CORTEX_RECIPES_PRIMERL_PYTHON", raising=False)
+    assert train.resolve_runner("auto") == "builtin"
+    monkeypatch.setenv("CORTEX_RECIPES_PRIMERL_PYTHON", "/nowhere/python")
+    # chosen by the variable; the launcher then fails closed on a wrong path, never falls back
+    assert train.resolve_runner("auto") == "prime-rl"
+    assert train.resolve_runner("builtin") == "builtin"
+    with pytest.raises(train.ProfileError, match="runner='vllm'"):
+        train.resolve_runner("vllm")
+
+
+def test_async_grpo_evidence_comes_only_from_prime_rl():
+    from recipes.rl.async_grpo import qualify
+
+    assert qualify.Config().runner == "prime-rl"
+    with pytest.raises(ValueError, match="runner='builtin' with evidence=true"):
+        qualify.main(qualify.Config(runner="builtin"))

@@ -1,28 +1,27 @@
 """Qualify an async GRPO profile: one run, interrupted twice, that must still finish cleanly.
 
-    python -m recipes.rl.async_grpo.qualify profile=recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json
-    python -m recipes.rl.async_grpo.qualify runner=prime-rl      # on prime-rl's orchestrator
+    python -m recipes.rl.async_grpo.qualify          # on prime-rl's orchestrator: the evidence
+    python -m recipes.rl.async_grpo.qualify runner=builtin evidence=false   # this project's scheduler
 
-The training command runs as a child process:
+The default, ``runner=prime-rl``, runs prime-rl's orchestrator and env-server (the environment
+``$CORTEX_RECIPES_PRIMERL_PYTHON`` names) with one interruption: once step ``kill_run_after`` is
+logged the training process gets SIGKILL (its trainer adapter with it; prime-rl's processes die
+with it), and the rerun must resume both sides from the run's newest resume point. The checks
+(``rl.checks.primerl_checks``): reward and eval accuracy rose; the lag prime-rl observed was
+logged every step, stayed within ``max_off_policy_steps`` and was at least 1 somewhere; rollouts
+were generated while the trainer trained; every version sampled from was applied to the sampler;
+every step once; the rerun resumed. The record goes to ``evidence/<profile>.json`` and
+``last_validated`` is set (``evidence=false``: print the checks and write nothing).
+
+``runner=builtin`` (``evidence=false`` only: the journey's evidence comes from prime-rl's
+orchestrator) qualifies this project's scheduler with two interruptions:
 1. once step ``kill_backend_after`` is logged, the local backend server is killed. The run
    must reconnect by itself and resume from its last checkpoint;
 2. once step ``kill_run_after`` is logged, the training process itself gets SIGKILL;
 3. the same command is run again, and it must resume and finish.
-
-The checks: reward rose and greedy eval accuracy rose; the observed lag never exceeded
-``max_async_level`` or ``max_off_policy_steps``; rollouts overlapped training; every step
-from 1 to ``max_steps`` was logged exactly once; both interruptions resumed from a
-checkpoint. The record goes to ``evidence/<profile>.json`` and ``last_validated`` is set
-(``evidence=false``: print the checks and write nothing).
-
-With ``runner=prime-rl`` (prime-rl's orchestrator and env-server, ``CORTEX_RECIPES_PRIMERL_PYTHON``)
-there is one interruption: once step ``kill_run_after`` is logged the training process gets
-SIGKILL (its trainer adapter with it; prime-rl's processes die with it), and the rerun must
-resume both sides from the run's newest resume point. The checks (``rl.checks.primerl_checks``):
-reward and eval accuracy rose as above; the lag prime-rl observed was logged every step, stayed
-within ``max_off_policy_steps`` and was at least 1 somewhere; rollouts were generated while the
-trainer trained; every version sampled from was applied to the sampler; every step once; the
-rerun resumed.
+Its checks: reward and greedy eval accuracy rose; the observed lag never exceeded
+``max_async_level`` or ``max_off_policy_steps``; rollouts overlapped training; every step from
+1 to ``max_steps`` was logged exactly once; both interruptions resumed from a checkpoint.
 """
 
 from __future__ import annotations
@@ -53,7 +52,11 @@ class Config:
     kill_backend_after: int = 3
     kill_run_after: int = 6
     timeout_s: float = 3600.0
-    runner: str = chz.field(default="builtin", doc="builtin | prime-rl (see train.py)")
+    runner: str = chz.field(
+        default="prime-rl",
+        doc="prime-rl (the journey's evidence) | builtin (this project's scheduler; evidence=false "
+        "only: the record must come from prime-rl's orchestrator)",
+    )
     evidence: bool = chz.field(default=True, doc="false: print the checks, write no record")
 
 
@@ -87,7 +90,13 @@ def main(config: Config) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     profile = load_grpo_profile(config.profile)
     if config.runner not in ("builtin", "prime-rl"):
-        raise ValueError(f"runner={config.runner!r}; accepted: builtin, prime-rl")
+        raise ValueError(f"runner={config.runner!r}; accepted: prime-rl, builtin")
+    if config.runner == "builtin" and config.evidence:
+        raise ValueError(
+            "runner='builtin' with evidence=true: the journey's evidence is produced by prime-rl's "
+            "orchestrator (runner=prime-rl, $CORTEX_RECIPES_PRIMERL_PYTHON); pass evidence=false "
+            "for a builtin dry run"
+        )
     if config.runner == "prime-rl":
         return qualify_primerl(config, profile)
     run_dir = work_dir("qualify-async-grpo-")

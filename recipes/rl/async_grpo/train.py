@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 
@@ -25,6 +26,7 @@ import chz
 
 from cortex_recipes import completions, frames, profiles
 from cortex_recipes.models import load_tokenizer
+from cortex_recipes.primerl.launch import ENV_VAR as PRIMERL_ENV_VAR
 from cortex_recipes.profiles import ProfileError
 from cortex_recipes.reconnect import is_recoverable
 from cortex_recipes.rl.grpo import (
@@ -56,10 +58,29 @@ class Config(RunConfig):
     env_latency_s: float = chz.field(default=-1.0, doc="< 0: the profile's env.latency_s")
     # Not "orchestrator": that key overrides the profile's orchestrator section.
     runner: str = chz.field(
-        default="builtin",
-        doc="builtin (this project's scheduler) | prime-rl (prime-rl's own orchestrator and "
-        "env-server, in the environment $CORTEX_RECIPES_PRIMERL_PYTHON names; docs/async-grpo.md)",
+        default="auto",
+        doc="auto (prime-rl when $CORTEX_RECIPES_PRIMERL_PYTHON is set, else builtin) | prime-rl "
+        "(prime-rl's own orchestrator and env-server, in the environment that variable names; "
+        "docs/async-grpo.md) | builtin (this project's scheduler, for machines without prime-rl)",
     )
+
+
+RUNNERS = ("auto", "builtin", "prime-rl")
+
+
+def resolve_runner(runner: str) -> str:
+    """``auto`` becomes prime-rl when its environment variable is set (a wrong value then fails
+    closed in the prime-rl launcher, it never falls back), builtin when it is not."""
+    if runner not in RUNNERS:
+        raise ProfileError(f"runner={runner!r}; accepted: {', '.join(RUNNERS)}")
+    if runner != "auto":
+        return runner
+    chosen = "prime-rl" if os.environ.get(PRIMERL_ENV_VAR) else "builtin"
+    log.info(
+        "runner=auto: %s (%s is %s)",
+        chosen, PRIMERL_ENV_VAR, "set" if chosen == "prime-rl" else "not set",
+    )  # fmt: skip
+    return chosen
 
 
 def main(config: Config) -> dict:
@@ -78,16 +99,15 @@ def main(config: Config) -> dict:
     )  # fmt: skip
     if run.finished:
         return run.finished
-    if config.runner not in ("builtin", "prime-rl"):
-        raise ProfileError(f"runner={config.runner!r}; accepted: builtin, prime-rl")
+    runner = resolve_runner(config.runner)
     written_by = (run.resume or {}).get("runner", "builtin")
-    if run.resume is not None and written_by != config.runner:
+    if run.resume is not None and written_by != runner:
         raise CheckpointError(
             f"{run.path}/checkpoints/step_{run.resume['step']}: written by runner="
-            f"{written_by!r}, this command is runner={config.runner!r}; resume with the runner "
+            f"{written_by!r}, this command is runner={runner!r}; resume with the runner "
             "that wrote it, pass if_exists=overwrite or another run_name"
         )
-    if config.runner == "prime-rl":
+    if runner == "prime-rl":
         return train_on_primerl(config, profile, run)
 
     reconnects = 0
