@@ -202,19 +202,40 @@ def test_verifiers_train_client_runs_an_episode_through_the_adapter(client, job,
     assert adapter.counters["generate_requests"] == len(episode.turns)
 
 
+# More generate calls than anyio's 40 worker threads, which sync routes share: prime-rl keeps
+# batch_size of them in flight (64 on the SmolLM2 profile) across a pause.
+HELD_BY_PAUSE = 48
+
+
 def test_pause_holds_new_generate_calls_until_resume(client, job, tmp_path):
     _, gateway = serve(client, job, tmp_path)
     with gateway:
         base = root(gateway)
         assert requests.post(f"{base}/pause", params={"mode": "abort"}).status_code == 400
         assert requests.post(f"{base}/pause", params={"mode": "keep"}).ok
-        done = threading.Event()
-        worker = threading.Thread(target=lambda: (generate(gateway, PROBE), done.set()))
-        worker.start()
-        assert not done.wait(1.0)  # held while paused
-        assert requests.post(f"{base}/resume").ok
-        assert done.wait(60)
-        worker.join()
+        done = []
+        workers = [
+            threading.Thread(target=lambda: done.append(generate(gateway, PROBE, max_tokens=2)))
+            for _ in range(HELD_BY_PAUSE)
+        ]
+        for worker in workers:
+            worker.start()
+        time.sleep(1.0)
+        assert done == []  # held while paused
+        # the admin routes still answer with every held call waiting: a weight update (here
+        # one refused at once: nothing is published) and the resume (a deadlock otherwise)
+        assert requests.get(f"{base}/health", timeout=10).json()["paused"] is True
+        assert "cortex_recipes:paused 1" in requests.get(f"{base}/metrics", timeout=10).text
+        update = requests.post(
+            f"{base}/update_weights",
+            json={"weight_dir": str(broadcasts.version_dir(tmp_path, 1))},
+            timeout=10,
+        )
+        assert update.status_code == 404
+        assert requests.post(f"{base}/resume", timeout=10).ok
+        for worker in workers:
+            worker.join(120)
+        assert len(done) == HELD_BY_PAUSE
 
 
 def test_update_weights_refuses_what_it_cannot_name_exactly(client, job, tmp_path):

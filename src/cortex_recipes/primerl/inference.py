@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
@@ -179,12 +180,18 @@ class InferenceAdapter:
         def fail(status: int, message: str) -> JSONResponse:
             return JSONResponse({"error": message}, status_code=status)
 
+        # The admin routes are async (no worker thread) and weight updates have a thread limiter
+        # of their own: sync routes share anyio's 40 worker threads, and generate calls held by a
+        # pause occupy theirs. With 40 or more held (the SmolLM2 profile keeps 64 in flight),
+        # an update or a resume that needed one of those threads would never run: deadlock.
+        update_limiter = anyio.CapacityLimiter(1)
+
         @app.get("/health")
-        def health() -> dict:
+        async def health() -> dict:
             return {"status": "ok", "paused": not self._resumed.is_set()}
 
         @app.post("/pause")
-        def pause(mode: str = "keep", clear_cache: str = "false") -> Any:
+        async def pause(mode: str = "keep", clear_cache: str = "false") -> Any:
             if mode not in PAUSE_MODES:
                 return fail(400, f"mode={mode!r}; accepted: {', '.join(PAUSE_MODES)}")
             if clear_cache not in ("true", "false"):
@@ -194,7 +201,7 @@ class InferenceAdapter:
             return {"status": "paused"}
 
         @app.post("/resume")
-        def resume() -> dict:
+        async def resume() -> dict:
             self._resumed.set()
             return {"status": "resumed"}
 
@@ -220,10 +227,8 @@ class InferenceAdapter:
             body = await _json_object(request)
             if isinstance(body, JSONResponse):
                 return body
-            import anyio
-
             return await anyio.to_thread.run_sync(
-                update, body.get("weight_dir"), None, "weight_dir"
+                update, body.get("weight_dir"), None, "weight_dir", limiter=update_limiter
             )
 
         @app.post("/load_lora_adapter")
@@ -234,17 +239,15 @@ class InferenceAdapter:
             name = body.get("lora_name")
             if not isinstance(name, str) or not name:
                 return fail(400, f"lora_name={name!r}; accepted: a non-empty string")
-            import anyio
-
             answer = await anyio.to_thread.run_sync(
-                update, body.get("lora_path"), "lora", "lora_path"
+                update, body.get("lora_path"), "lora", "lora_path", limiter=update_limiter
             )
             if not isinstance(answer, JSONResponse) and name not in app.state.models:
                 app.state.models.append(name)
             return answer
 
         @app.get("/metrics")
-        def metrics() -> PlainTextResponse:
+        async def metrics() -> PlainTextResponse:
             lines = [f"cortex_recipes:{k}_total {v}" for k, v in self.counters.items()]
             lines.append(
                 f"cortex_recipes:policy_version {-1 if self.version is None else self.version}"
