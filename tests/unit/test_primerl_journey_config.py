@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import tomllib
 from pathlib import Path
 
@@ -23,7 +24,7 @@ def test_orchestrator_toml_carries_the_profile():
     profile = load_grpo_profile(SMOKE)
     text = journey.orchestrator_toml(
         profile, model_dir=Path("/m/tiny"), base_url="http://127.0.0.1:9/v1",
-        output_dir=Path("/o"), port=5123, max_steps=3,
+        output_dir=Path("/o"), port=5123, max_steps=3, tasks_path=Path("/o/tasks.jsonl"),
     )  # fmt: skip
     orch = tomllib.loads(text)
     assert orch["max_steps"] == 3 and orch["output_dir"] == "/o"
@@ -43,14 +44,14 @@ def test_orchestrator_toml_carries_the_profile():
     assert orch["train"]["filter_zero_advantages"] is False
     assert orch["train"]["sampling"]["max_completion_tokens"] == 8
     (source,) = orch["train"]["source"]
-    assert source["env"]["taskset"] == {
-        "id": "cortex-arith", "seed": 0, "size": 64, "min_terms": 2, "max_terms": 2,
-        "min_digits": 1, "max_digits": 1, "operators": ["+"],
-        "instruction": "Answer with just the number.",
-    }  # fmt: skip
+    assert source["env"]["taskset"] == {"id": "cortex-arith", "tasks_path": "/o/tasks.jsonl"}
     assert source["env"]["agent"]["runtime"] == {"type": "subprocess"}
     assert source["serve"]["address"] == "tcp://127.0.0.1:5123"
-    env = tomllib.loads(journey.env_server_toml(profile, output_dir=Path("/e"), port=5123))
+    env = tomllib.loads(
+        journey.env_server_toml(
+            profile, output_dir=Path("/e"), port=5123, tasks_path=Path("/o/tasks.jsonl")
+        )
+    )
     assert env["env"]["taskset"] == source["env"]["taskset"]
     assert env["serve"] == source["serve"]
 
@@ -60,16 +61,30 @@ def test_a_smollm2_profile_renders_with_its_own_chat_template():
     assert journey.renderer_name("Qwen/Qwen3-0.6B") == "qwen3"
 
 
-def test_a_dataset_the_prime_rl_path_cannot_generate_is_refused():
+def test_a_dataset_the_prime_rl_path_cannot_score_is_refused(tmp_path):
     profile = load_grpo_profile(SMOKE)
     other = dataclasses.replace(profile, env=dataclasses.replace(profile.env, dataset="chain_sum"))
     with pytest.raises(ValueError, match=r"env.dataset='chain_sum'"):
-        journey.taskset_settings(other)
-    parens = dataclasses.replace(
-        profile, env=dataclasses.replace(profile.env, config={"allow_parentheses": True})
-    )
-    with pytest.raises(ValueError, match="allow_parentheses"):
-        journey.taskset_settings(parens)
+        journey.taskset_settings(other, tmp_path / "tasks.jsonl")
+    with pytest.raises(ValueError, match=r"env.dataset='chain_sum'"):
+        journey.write_tasks(other, tmp_path / "tasks.jsonl")
+
+
+def test_the_taskset_file_holds_the_problems_and_prompts_the_eval_measures(tmp_path):
+    """prime-rl trains on the same reasoning-gym problems, worded the same, as the builtin
+    runner and the greedy eval (a taskset of its own wording and scoring taught a format the
+    eval then scored 0)."""
+    profile = load_grpo_profile("recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json")
+    path = journey.write_tasks(profile, tmp_path / "primerl" / "tasks.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    env, _ = profile.envs()
+    assert len(rows) == env.size
+    for index in (0, 1, env.size - 1):
+        task = env.task(index)
+        assert rows[index] == {"prompt": env.prompt(task), "answer": task.answer}
+        assert env.score(task, rows[index]["answer"]) == 1.0
+    assert rows[0]["prompt"].endswith(profile.env.instruction)
+    assert not list(path.parent.glob("*.tmp"))
 
 
 def test_merged_metrics_join_prime_rl_records_by_step(tmp_path):
@@ -87,7 +102,7 @@ def test_merged_metrics_join_prime_rl_records_by_step(tmp_path):
 def test_orchestrator_toml_checkpoints_at_the_profile_interval_and_resumes_a_step():
     profile = load_grpo_profile("recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json")
     args = dict(model_dir=Path("/m"), base_url="http://127.0.0.1:9/v1", output_dir=Path("/o"),
-                port=5123, max_steps=10)  # fmt: skip
+                port=5123, max_steps=10, tasks_path=Path("/o/tasks.jsonl"))  # fmt: skip
     fresh = tomllib.loads(journey.orchestrator_toml(profile, **args))
     assert fresh["ckpt"] == {"interval": 2} and "resume" not in fresh
     resumed = tomllib.loads(journey.orchestrator_toml(profile, **args, resume_step=4))

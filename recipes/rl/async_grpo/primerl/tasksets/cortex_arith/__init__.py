@@ -2,14 +2,18 @@
 
 Loaded by the env-server as taskset id ``cortex-arith`` when this folder's parent is on its
 PYTHONPATH (``cortex_recipes.primerl.journey`` puts it there). It runs only inside prime-rl's
-own environment, never in this project's. Problems are generated from a seed with the same
-knobs as the journey profile's ``env.config`` (terms, digits, operators), so the taskset needs
-no download and two runs with one seed see the same problems. Reward: 1 when the last integer
-in the reply is the answer.
+own environment, never in this project's. The problems come from ``tasks_path``, a JSONL file
+of ``{"prompt", "answer"}`` that the journey writes from the profile's reasoning-gym dataset
+(``primerl/tasks.jsonl`` in the run): the same problems and prompts the builtin runner trains on
+and the greedy eval uses. Reward: 1 when the first integer in the reply is the answer, the
+journey's own rule (``cortex_recipes.envs.math.extract_answer`` and an exact match, what the
+eval counts as correct). A reply such as "8 + 3 = 11" scores 0 under both; a taskset that
+scored the last integer taught exactly that format, which the eval then failed.
 """
 
-import random
+import json
 import re
+from pathlib import Path
 
 import httpx
 import verifiers.v1 as vf
@@ -22,38 +26,27 @@ from verifiers.v1.runtimes import ProgramResult
 INT = re.compile(r"-?\d+")
 
 
-def problems(seed: int, size: int, min_terms: int, max_terms: int, min_digits: int,
-             max_digits: int, operators: list[str]) -> list[tuple[str, str]]:  # fmt: skip
-    rng = random.Random(seed)
-    out = []
-    for _ in range(size):
-        terms = [
-            rng.randint(10 ** (d - 1) if d > 1 else 0, 10**d - 1)
-            for d in (
-                rng.randint(min_digits, max_digits)
-                for _ in range(rng.randint(min_terms, max_terms))
-            )
-        ]
-        ops = [rng.choice(operators) for _ in terms[1:]]
-        expr = " ".join(
-            [str(terms[0])] + [f"{op} {t}" for op, t in zip(ops, terms[1:], strict=True)]
-        )
-        out.append((expr, str(value(terms, ops))))
-    return out
+def first_integer(reply: str) -> str | None:
+    match = INT.search(reply or "")
+    return match.group(0) if match else None
 
 
-def value(terms: list[int], ops: list[str]) -> int:
-    """The usual precedence: products first, then sums and differences left to right."""
-    sums, signs, product = [], [1], terms[0]
-    for op, term in zip(ops, terms[1:], strict=True):
-        if op == "*":
-            product *= term
-        else:
-            sums.append(product)
-            signs.append(1 if op == "+" else -1)
-            product = term
-    sums.append(product)
-    return sum(sign * part for sign, part in zip(signs, sums, strict=True))
+def read_tasks(path: str) -> list[tuple[str, str]]:
+    """``(prompt, answer)`` per line of ``path``; a bad line fails naming the line and field."""
+    if not path:
+        raise ValueError("tasks_path is empty: the journey writes primerl/tasks.jsonl and names it")
+    rows = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        for field in ("prompt", "answer"):
+            if not isinstance(row.get(field), str) or not row[field]:
+                raise ValueError(f"{path}:{number}: {field}={row.get(field)!r}; a non-empty string")
+        rows.append((row["prompt"], row["answer"]))
+    if not rows:
+        raise ValueError(f"{path}: no tasks")
+    return rows
 
 
 class ArithData(vf.TaskData):
@@ -67,34 +60,18 @@ class ArithTask(vf.Task[ArithData]):
 
     @vf.reward(weight=1.0)
     async def correct(self, trace: vf.Trace) -> float:
-        found = INT.findall(trace.last_reply or "")
-        return 1.0 if found and found[-1] == self.data.answer else 0.0
+        return 1.0 if first_integer(trace.last_reply) == self.data.answer else 0.0
 
 
 class ArithConfig(vf.TasksetConfig):
-    seed: int = 0
-    size: int = 64
-    min_terms: int = 2
-    max_terms: int = 2
-    min_digits: int = 1
-    max_digits: int = 1
-    operators: list[str] = ["+"]
-    instruction: str = "Answer with just the number."
+    tasks_path: str = ""
 
 
 class ArithTaskset(vf.Taskset[ArithTask, ArithConfig]):
     def load(self) -> list[ArithTask]:
-        c = self.config
-        if any(op not in {"+", "-", "*"} for op in c.operators):
-            raise ValueError(f"operators={c.operators!r}; accepted: '+', '-', '*'")
-        rows = problems(c.seed, c.size, c.min_terms, c.max_terms, c.min_digits, c.max_digits,
-                        c.operators)  # fmt: skip
         return [
-            ArithTask(
-                ArithData(idx=i, prompt=f"What is {expr}? {c.instruction}".strip(), answer=answer),
-                c.task,
-            )
-            for i, (expr, answer) in enumerate(rows)
+            ArithTask(ArithData(idx=i, prompt=prompt, answer=answer), self.config.task)
+            for i, (prompt, answer) in enumerate(read_tasks(self.config.tasks_path))
         ]
 
 
