@@ -14,6 +14,7 @@ from tests import extras
 pytest.importorskip("msgspec", reason=extras.reason("grpo"))
 
 from cortex_recipes.primerl import journey
+from cortex_recipes.rl.grpo import task_order
 from cortex_recipes.rl.profile import load_grpo_profile
 
 pytestmark = pytest.mark.unit
@@ -79,10 +80,13 @@ def test_the_taskset_file_holds_the_problems_and_prompts_the_eval_measures(tmp_p
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     env, _ = profile.envs()
     assert len(rows) == env.size
-    for index in (0, 1, env.size - 1):
-        task = env.task(index)
-        assert rows[index] == {"prompt": env.prompt(task), "answer": task.answer}
-        assert env.score(task, rows[index]["answer"]) == 1.0
+    order = task_order(profile.env.seed, env.size)
+    assert sorted(order) == list(range(env.size)) and order != sorted(order)
+    # line g is the problem the builtin runner's group g trains on (prime-rl reads in file order)
+    for line in (0, 1, env.size - 1):
+        task = env.task(order[line])
+        assert rows[line] == {"prompt": env.prompt(task), "answer": task.answer}
+        assert env.score(task, rows[line]["answer"]) == 1.0
     assert rows[0]["prompt"].endswith(profile.env.instruction)
     assert not list(path.parent.glob("*.tmp"))
 

@@ -103,11 +103,19 @@ def write_tasks(profile, path: Path) -> Path:
     """The profile's training problems, ``{"prompt", "answer"}`` per line, for the
     ``cortex-arith`` taskset: the same reasoning-gym problems and prompts (question plus the
     profile's instruction) the builtin runner and the greedy eval use, so prime-rl trains on the
-    distribution the eval measures. Written atomically."""
+    distribution the eval measures. Written atomically.
+
+    The lines follow the builtin runner's seeded task order (``rl.grpo.task_order`` of
+    ``env.seed``): prime-rl's buffer takes a taskset's tasks in file order, so step ``N`` trains
+    on the same problems as step ``N`` of the builtin and synchronous runs. In reasoning-gym's
+    own order the first batches were dense in ``x + 0`` problems, where a reply that starts by
+    repeating an operand scores, and three SmolLM2 runs learned to do that."""
+    from cortex_recipes.rl.grpo import task_order
+
     check_dataset(profile)
     env, _ = profile.envs()
     lines = []
-    for index in range(env.size):
+    for index in task_order(profile.env.seed, env.size):
         task = env.task(index)
         lines.append(json.dumps({"prompt": env.prompt(task), "answer": task.answer}))
     path.parent.mkdir(parents=True, exist_ok=True)
