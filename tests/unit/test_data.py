@@ -166,3 +166,59 @@ def test_a_pinned_hub_id_parses_and_offline_it_fails_naming_it(tmp_path):
 def test_a_malformed_hub_id_is_refused(tmp_path):
     with pytest.raises(DataError, match="is not a Hub id"):
         parse_source("dataset", "hub:justaname", tmp_path)
+
+
+GRPO_CONFIG = ROOT / "recipes" / "rl" / "math_grpo" / "configs" / "local-cpu-smollm2-lora.json"
+TASKS = [
+    {"question": "Calculate 2 + 3.", "answer": "5", "source": "hand"},
+    {"question": "Calculate 7 + 1.", "answer": 8, "source": "hand"},
+    {"question": "Calculate 4 + 4.", "answer": "8", "source": "hand"},
+]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_grpo_task_files_load_through_datasets_and_score_the_first_integer(tmp_path):
+    from cortex_recipes.rl.profile import load_grpo_profile
+
+    jsonl = write_jsonl(tmp_path / "tasks.jsonl", TASKS)
+    parquet = write_parquet(tmp_path / "eval.parquet", TASKS[::-1])
+    profile = load_grpo_profile(
+        GRPO_CONFIG, [f"env.tasks={jsonl}", "env.size=2", f"eval.tasks={parquet}",
+                      "eval.num_examples=3"],
+    )  # fmt: skip
+    env, eval_env = profile.envs()
+    assert [env.task(i).question for i in range(3)] == [
+        "Calculate 2 + 3.", "Calculate 7 + 1.", "Calculate 2 + 3.",  # the first env.size rows
+    ]  # fmt: skip
+    assert env.prompt(env.task(1)) == "Calculate 7 + 1. " + profile.env.instruction
+    assert [eval_env.task(i).answer for i in range(3)] == ["8", "8", "5"]  # integer -> "8"
+    task = env.task(1)
+    assert env.score(task, "8, since 7 + 1 = 8") == 1.0
+    assert env.score(task, "7 + 1 = 8") == 0.0  # the first integer counts, as in the eval
+    assert env.score(task, "eighty") == 0.0
+    # without eval.tasks the eval set stays the generator's, with the eval seed
+    base = load_grpo_profile(GRPO_CONFIG)
+    _, generated = load_grpo_profile(GRPO_CONFIG, [f"env.tasks={jsonl}", "env.size=3"]).envs()
+    _, default = base.envs()
+    assert generated.size == default.size == base.eval.num_examples
+    assert generated.task(0).question == default.task(0).question
+
+
+def test_a_grpo_task_file_with_too_few_rows_or_a_bad_answer_is_refused(tmp_path):
+    from cortex_recipes.rl.profile import load_grpo_profile
+
+    jsonl = write_jsonl(tmp_path / "tasks.jsonl", TASKS)
+    with pytest.raises(DataError, match=r"env.tasks=.* has 3 rows, fewer than the 1000"):
+        load_grpo_profile(GRPO_CONFIG, [f"env.tasks={jsonl}"]).envs()
+    bad = write_jsonl(tmp_path / "bad.jsonl", [*TASKS, {"question": "Halve 3.", "answer": "1.5"}])
+    with pytest.raises(DataError, match=r"row 4 column 'answer' = '1.5' is not an integer"):
+        load_grpo_profile(GRPO_CONFIG, [f"env.tasks={bad}", "env.size=4"]).envs()
+    no_question = write_jsonl(tmp_path / "q.jsonl", [{"prompt": "x", "answer": "1"}])
+    with pytest.raises(DataError, match=r"no column 'question'"):
+        load_grpo_profile(GRPO_CONFIG, [f"env.tasks={no_question}", "env.size=1"]).envs()
+    with pytest.raises(DataError, match=r"eval.tasks='hub:a/b' has no revision"):
+        load_grpo_profile(GRPO_CONFIG, ["eval.tasks=hub:a/b"]).envs()

@@ -153,3 +153,20 @@ def test_async_grpo_evidence_comes_only_from_prime_rl():
     assert qualify.Config().runner == "prime-rl"
     with pytest.raises(ValueError, match="runner='builtin' with evidence=true"):
         qualify.main(qualify.Config(runner="builtin"))
+
+
+def test_the_prime_rl_taskset_takes_a_task_file(tmp_path):
+    """env.tasks rows are scored as the taskset scores: the first integer against the answer."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(
+        '{"question": "Calculate 2 + 3.", "answer": "5"}\n'
+        '{"question": "Calculate 9 + 9.", "answer": 18}\n'
+    )
+    profile = load_grpo_profile(
+        "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json",
+        [f"env.tasks={tasks}", "env.size=2", "env.dataset=chain_sum"],
+    )
+    journey.check_dataset(profile)  # a task file is scoreable whatever env.dataset says
+    path = journey.write_tasks(profile, tmp_path / "primerl" / "tasks.jsonl")
+    rows = sorted(json.loads(line)["answer"] for line in path.read_text().splitlines())
+    assert rows == ["18", "5"]

@@ -73,3 +73,64 @@ class MathEnv:
 
     def score(self, task: MathTask, completion: str) -> float:
         return float(self.dataset.score_answer(extract_answer(completion), task.entry))
+
+
+INTEGER_ANSWER = re.compile(r"-?\d+")
+
+
+def integer_answer(value: Any) -> bool:
+    """an integer or a string of one (the reply's first integer is compared with it)"""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (
+        isinstance(value, str) and INTEGER_ANSWER.fullmatch(value.strip()) is not None
+    )
+
+
+def question_column(value: Any) -> bool:
+    """a non-empty string"""
+    return isinstance(value, str) and bool(value.strip())
+
+
+class TaskTableEnv:
+    """Problems from a data source (``question`` and ``answer`` columns, through ``datasets``:
+    :mod:`cortex_recipes.data`), in the source's row order. Scored by the journey's rule: 1.0
+    when the first integer of the reply is the answer, else 0.0 (no partial credit)."""
+
+    def __init__(
+        self,
+        field: str,
+        source: str,
+        base_dir,
+        *,
+        size: int,
+        instruction: str = "Answer with just the number.",
+    ):
+        from cortex_recipes.data import DataError, load_records
+
+        rows = load_records(
+            field, source, base_dir, {"question": question_column, "answer": integer_answer}
+        )
+        if len(rows) < size:
+            raise DataError(
+                f"{field}={source!r} has {len(rows)} rows, fewer than the {size} problems the "
+                f"profile asks for; set the size (env.size or eval.num_examples) to at most "
+                f"{len(rows)}"
+            )
+        self.name = source
+        self.instruction = instruction
+        self.size = size
+        self.rows = [
+            {"question": r["question"].strip(), "answer": str(r["answer"]).strip()}
+            for r in rows[:size]
+        ]
+
+    def task(self, index: int) -> MathTask:
+        row = self.rows[index % self.size]
+        return MathTask(index % self.size, row["question"], row["answer"], row)
+
+    def prompt(self, task: MathTask) -> str:
+        return f"{task.question} {self.instruction}".strip()
+
+    def score(self, task: MathTask, completion: str) -> float:
+        return 1.0 if extract_answer(completion) == task.answer else 0.0

@@ -92,10 +92,12 @@ TASKS_FILE = "tasks.jsonl"
 
 
 def check_dataset(profile) -> None:
-    if profile.env.dataset != "basic_arithmetic":
+    """The prime-rl taskset scores the first integer of the reply against an integer answer:
+    reasoning-gym's ``basic_arithmetic``, or a task file (``env.tasks``, integer answers)."""
+    if profile.env.tasks is None and profile.env.dataset != "basic_arithmetic":
         raise ValueError(
             f"env.dataset={profile.env.dataset!r}: the prime-rl path's taskset scores integer "
-            "answers ('basic_arithmetic' only)"
+            "answers ('basic_arithmetic', or a task file in env.tasks)"
         )
 
 

@@ -16,7 +16,7 @@ trainer's ``broadcasts/step_<v>/STABLE`` (versions from 0). This adapter plays t
    version ``N``.
 
 Metrics (one JSON object per step in ``<output_dir>/cortex/trainer_metrics.jsonl``): loss,
-``mismatch_kl/mean``, ``time/step`` (the whole step, waits and save included),
+``mismatch_kl/mean``, ``clip_ratio``, ``time/step`` (the whole step, waits and save included),
 ``time/wait_for_batch``, ``time/wait_for_sync``, ``time/train``, ``time/save_ckpt``, and the
 version published. Temperatures are not sent: the Cortex sampler
 returns raw (unscaled) logprobs, which is what the trainer computes at temperature 1.
@@ -194,6 +194,8 @@ class TrainerAdapter:
             "policy_version": step,
             "loss": result.get("avg_loss"),
             "mismatch_kl/mean": (result.get("metrics") or {}).get("approx_kl"),
+            # the share of trained tokens whose PPO ratio was clipped (no gradient through them)
+            "clip_ratio": (result.get("metrics") or {}).get("clip_ratio"),
             "grad_norm": (stepped or {}).get("grad_norm"),
             **stats,
             "time/wait_for_batch": round(waited, 3),

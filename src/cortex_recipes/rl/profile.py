@@ -96,7 +96,7 @@ class Orchestrator:
 
 @dataclass(frozen=True)
 class Env:
-    """The reasoning-gym training environment."""
+    """The training problems: a reasoning-gym generator, or a task file through ``datasets``."""
 
     dataset: str = setting(doc="the reasoning-gym dataset name, e.g. basic_arithmetic")
     seed: int = setting(doc="the generator's seed")
@@ -104,6 +104,13 @@ class Env:
     config: dict[str, Any] | None = setting(None, doc="the dataset's generator settings")
     instruction: str | None = setting(None, doc="appended to every question")
     latency_s: float = setting(0.0, ge=0, doc="a simulated slow verifier, seconds per group")
+    tasks: str | None = setting(
+        None,
+        doc="training problems from a file (.json, .jsonl, .parquet; relative to the recipe "
+        "folder) or hub:<owner>/<name>@<commit>[:<split>], with 'question' and integer "
+        "'answer' columns, loaded through datasets; the first env.size rows are used, scored "
+        "by the first integer of the reply; replaces the reasoning-gym generator for training",
+    )
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,11 @@ class Eval:
     num_examples: int = setting(32, gt=0, doc="problems in the eval set")
     seed: int = setting(12345, doc="the eval set's generator seed")
     max_tokens: int | None = setting(None, gt=0, doc="default: orchestrator.sampling.max_tokens")
+    tasks: str | None = setting(
+        None,
+        doc="eval problems from a file or a pinned Hub id, as env.tasks (the first "
+        "num_examples rows); default: env.dataset's generator with this seed",
+    )
 
 
 @dataclass(frozen=True)
@@ -186,17 +198,28 @@ class GRPOProfile:
         s = self.orchestrator.sampling
         return {"max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p}
 
-    def envs(self):
-        """The training environment and the fixed eval set (same generator, the eval seed)."""
-        from cortex_recipes.envs.math import MathEnv
+    @property
+    def recipe_dir(self) -> Path:
+        """The folder a relative ``env.tasks`` or ``eval.tasks`` is read from (holds configs/)."""
+        return self.path.parent.parent.resolve()
 
-        extra: dict[str, Any] = {"config": self.env.config}
+    def envs(self):
+        """The training environment and the fixed eval set: task files when ``env.tasks`` /
+        ``eval.tasks`` name them, else the reasoning-gym generator (the eval with its seed)."""
+        from cortex_recipes.envs.math import MathEnv, TaskTableEnv
+
+        text: dict[str, Any] = {}
         if self.env.instruction is not None:
-            extra["instruction"] = self.env.instruction
-        env = MathEnv(self.env.dataset, seed=self.env.seed, size=self.env.size, **extra)
-        eval_env = MathEnv(
-            self.env.dataset, seed=self.eval.seed, size=self.eval.num_examples, **extra
-        )
+            text["instruction"] = self.env.instruction
+        extra: dict[str, Any] = {"config": self.env.config, **text}
+
+        def build(field: str, tasks: str | None, seed: int, size: int):
+            if tasks:
+                return TaskTableEnv(field, tasks, self.recipe_dir, size=size, **text)
+            return MathEnv(self.env.dataset, seed=seed, size=size, **extra)
+
+        env = build("env.tasks", self.env.tasks, self.env.seed, self.env.size)
+        eval_env = build("eval.tasks", self.eval.tasks, self.eval.seed, self.eval.num_examples)
         return env, eval_env
 
     def loss_config(self) -> dict[str, Any]:
