@@ -171,7 +171,7 @@ def test_a_malformed_hub_id_is_refused(tmp_path):
 GRPO_CONFIG = ROOT / "recipes" / "rl" / "math_grpo" / "configs" / "local-cpu-smollm2-lora.json"
 TASKS = [
     {"question": "Calculate 2 + 3.", "answer": "5", "source": "hand"},
-    {"question": "Calculate 7 + 1.", "answer": 8, "source": "hand"},
+    {"question": "Calculate 7 + 1.", "answer": "8", "source": "hand"},
     {"question": "Calculate 4 + 4.", "answer": "8", "source": "hand"},
 ]
 
@@ -185,7 +185,10 @@ def test_grpo_task_files_load_through_datasets_and_score_the_first_integer(tmp_p
     from cortex_recipes.rl.profile import load_grpo_profile
 
     jsonl = write_jsonl(tmp_path / "tasks.jsonl", TASKS)
-    parquet = write_parquet(tmp_path / "eval.parquet", TASKS[::-1])
+    # integer answers in the Parquet file: read as their decimal strings
+    parquet = write_parquet(
+        tmp_path / "eval.parquet", [{**t, "answer": int(t["answer"])} for t in TASKS[::-1]]
+    )
     profile = load_grpo_profile(
         GRPO_CONFIG, [f"env.tasks={jsonl}", "env.size=2", f"eval.tasks={parquet}",
                       "eval.num_examples=3"],
@@ -195,7 +198,7 @@ def test_grpo_task_files_load_through_datasets_and_score_the_first_integer(tmp_p
         "Calculate 2 + 3.", "Calculate 7 + 1.", "Calculate 2 + 3.",  # the first env.size rows
     ]  # fmt: skip
     assert env.prompt(env.task(1)) == "Calculate 7 + 1. " + profile.env.instruction
-    assert [eval_env.task(i).answer for i in range(3)] == ["8", "8", "5"]  # integer -> "8"
+    assert [eval_env.task(i).answer for i in range(3)] == ["8", "8", "5"]
     task = env.task(1)
     assert env.score(task, "8, since 7 + 1 = 8") == 1.0
     assert env.score(task, "7 + 1 = 8") == 0.0  # the first integer counts, as in the eval
