@@ -162,11 +162,10 @@ def test_the_prime_rl_taskset_takes_a_task_file(tmp_path):
         '{"question": "Calculate 2 + 3.", "answer": "5"}\n'
         '{"question": "Calculate 9 + 9.", "answer": 18}\n'
     )
-    profile = load_grpo_profile(
-        "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json",
-        [f"env.tasks={tasks}", "env.size=2", "env.dataset=chain_sum"],
-    )
-    journey.check_dataset(profile)  # a task file is scoreable whatever env.dataset says
+    config = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
+    other = load_grpo_profile(config, [f"env.tasks={tasks}", "env.dataset=chain_sum"])
+    journey.check_dataset(other)  # a task file is scoreable whatever env.dataset says
+    profile = load_grpo_profile(config, [f"env.tasks={tasks}", "env.size=2"])
     path = journey.write_tasks(profile, tmp_path / "primerl" / "tasks.jsonl")
     rows = sorted(json.loads(line)["answer"] for line in path.read_text().splitlines())
     assert rows == ["18", "5"]
