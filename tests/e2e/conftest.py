@@ -12,18 +12,14 @@ SMALL_BODY_LIMIT = 2 * 1024 * 1024
 # Small, so that any result over 12 KiB travels as paged result_chunk events (the SDK reserves
 # 8 KiB of each chunk frame for its header, leaving 4 KiB payload chunks).
 SMALL_RESULT_CHUNK = 12 * 1024
-WARM_WORKERS = 2
 
 
 @pytest.fixture(scope="session")
 def backend(tmp_path_factory):
     state = tmp_path_factory.mktemp("local-backend")
-    # Two warm spare workers (one job's training and sampling sub-jobs): most tests start a job,
-    # and a fresh worker spends about 10 s of CPU importing torch first.
     with LocalBackend(
-        state, threads=1, max_body_bytes=SMALL_BODY_LIMIT, result_chunk_bytes=SMALL_RESULT_CHUNK,
-        warm_workers=WARM_WORKERS,
-    ) as running:  # fmt: skip
+        state, threads=1, max_body_bytes=SMALL_BODY_LIMIT, result_chunk_bytes=SMALL_RESULT_CHUNK
+    ) as running:
         yield running
 
 

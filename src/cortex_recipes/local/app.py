@@ -57,12 +57,10 @@ def create_app(
     result_chunk_bytes: int = 8 * 1024 * 1024,
     threads: int | None = None,
     device: str = "auto",
-    warm_workers: int = 0,
 ) -> FastAPI:
     backend = Backend(
-        state_dir, device=device, threads=threads, result_chunk_bytes=result_chunk_bytes,
-        warm_workers=warm_workers,
-    )  # fmt: skip
+        state_dir, device=device, threads=threads, result_chunk_bytes=result_chunk_bytes
+    )
     registry, data_plane = backend.registry, backend.data_plane
     app = FastAPI(title="cortex-recipes local backend", docs_url=None, redoc_url=None)
     app.state.backend = backend

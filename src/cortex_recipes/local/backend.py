@@ -28,7 +28,6 @@ class Backend:
         threads: int | None = None,
         result_chunk_bytes: int = 8 * 1024 * 1024,
         poll_wait_s: float = 0.25,
-        warm_workers: int = 0,
     ):
         self.registry = JobRegistry(
             state_dir,
@@ -36,7 +35,6 @@ class Backend:
             threads=threads,
             result_chunk_bytes=result_chunk_bytes,
             poll_wait_s=poll_wait_s,
-            warm_workers=warm_workers,
         )
         self.dispatcher = Dispatcher()
         self.data_plane = DataPlane(self.registry, self.dispatcher)

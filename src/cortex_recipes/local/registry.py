@@ -30,7 +30,7 @@ from cortex_recipes.local.chunks import ChunkAssembler
 from cortex_recipes.local.errors import BackendError, Conflict, NotFound
 from cortex_recipes.local.request_store import RequestStore
 from cortex_recipes.local.specs import SubJobSpec, WorkerSpec, abridge, parse_sub_jobs
-from cortex_recipes.local.workers import SparePool, WorkerHandle
+from cortex_recipes.local.workers import WorkerHandle
 from cortex_recipes.models import FIXTURE_MODELS, ModelNotAvailableError, resolve_model_path
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,6 @@ class JobRegistry:
         threads: int | None = None,
         result_chunk_bytes: int = 8 * 1024 * 1024,
         poll_wait_s: float = 0.25,
-        warm_workers: int = 0,
     ):
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -94,11 +93,6 @@ class JobRegistry:
         self.jobs: dict[str, Job] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="job-start")
-        # Pre-imported workers for CPU sub-jobs (off by default; the test suite's shared backend
-        # keeps two, one job's training and sampling sub-jobs).
-        self.spares = (
-            SparePool(warm_workers, self.state_dir / "spares.log") if warm_workers else None
-        )
         log.info("device mode %s; %d CUDA device(s) visible", self.device_mode, self.cuda_count)
 
     def job_dir(self, job_id: str) -> Path:
@@ -190,7 +184,6 @@ class JobRegistry:
                 run_dir,
                 run_dir / f"{spec.sub_job_id.replace(':', '_')}.log",
                 on_death=lambda handle, reason, job=job: self._worker_died(job, handle, reason),
-                spare=self.spares.take(worker_spec) if self.spares else None,
             )
         self._pool.submit(self._watch_start, job)
         return {"job_id": job_id}
@@ -290,6 +283,4 @@ class JobRegistry:
     def shutdown(self) -> None:
         for job in list(self.jobs.values()):
             self._stop_workers(job)
-        if self.spares is not None:
-            self.spares.close()
         self._pool.shutdown(wait=False, cancel_futures=True)

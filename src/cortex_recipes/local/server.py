@@ -41,7 +41,6 @@ def serve(
     max_body_bytes: int | None = None,
     result_chunk_bytes: int | None = None,
     device: str = "auto",
-    warm_workers: int = 0,
 ) -> None:
     import uvicorn
 
@@ -61,7 +60,6 @@ def serve(
         state_dir,
         threads=threads,
         device=device,
-        warm_workers=warm_workers,
         **({"max_body_bytes": max_body_bytes} if max_body_bytes else {}),
         **({"result_chunk_bytes": result_chunk_bytes} if result_chunk_bytes else {}),
     )
@@ -78,34 +76,12 @@ def serve(
         app.state.backend.shutdown()
 
 
-WARM_WORKERS_ENV = "CORTEX_RECIPES_WARM_WORKERS"
-
-
-def warm_workers_setting(value: int | None) -> int:
-    """``value``, or ``$CORTEX_RECIPES_WARM_WORKERS`` when None (default 0); fails naming it."""
-    where = "warm_workers"
-    if value is None:
-        raw = os.environ.get(WARM_WORKERS_ENV, "").strip()
-        if not raw:
-            return 0
-        where = f"${WARM_WORKERS_ENV}"
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ValueError(f"{where}={raw!r}; accepted: an integer from 0 to 8") from None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 8:
-        raise ValueError(f"{where}={value!r}; accepted: an integer from 0 to 8")
-    return value
-
-
 class LocalBackend:
     """A local backend in a child process; use as a context manager.
 
     ``base_url``, ``database`` and ``schema`` are what ``CortexTrainingClient`` needs.
     ``device`` is ``auto`` (a GPU when CUDA is visible and the sub-job asks for one), ``cpu``
-    or ``cuda``; None reads ``$CORTEX_RECIPES_DEVICE`` (default ``auto``). ``warm_workers``
-    keeps that many pre-imported spare workers for CPU sub-jobs; None reads
-    ``$CORTEX_RECIPES_WARM_WORKERS`` (default 0).
+    or ``cuda``; None reads ``$CORTEX_RECIPES_DEVICE`` (default ``auto``).
     """
 
     def __init__(
@@ -118,10 +94,8 @@ class LocalBackend:
         max_body_bytes: int | None = None,
         result_chunk_bytes: int | None = None,
         device: str | None = None,
-        warm_workers: int | None = None,
     ):
         self.device = device_mode(device)
-        self.warm_workers = warm_workers_setting(warm_workers)
         self.max_body_bytes = max_body_bytes
         self.result_chunk_bytes = result_chunk_bytes
         self._tmp = None
@@ -158,8 +132,6 @@ class LocalBackend:
         ]
         if self.threads:
             cmd += ["--threads", str(self.threads)]
-        if self.warm_workers:
-            cmd += ["--warm-workers", str(self.warm_workers)]
         if self.max_body_bytes:
             cmd += ["--max-body-bytes", str(self.max_body_bytes)]
         if self.result_chunk_bytes:
@@ -276,13 +248,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="torch threads per worker (default: cores / sub-jobs)",
     )
-    parser.add_argument(
-        "--warm-workers",
-        type=int,
-        default=None,
-        help=f"pre-imported spare workers kept for CPU sub-jobs, so a job starts without "
-        f"importing torch first (default: ${WARM_WORKERS_ENV} or 0)",
-    )
 
 
 def _exit_with_parent(parent_pid: int) -> None:
@@ -312,7 +277,6 @@ def run_from_args(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_body_bytes,
             result_chunk_bytes=args.result_chunk_bytes,
             device=device_mode(args.device),
-            warm_workers=warm_workers_setting(args.warm_workers),
         )
     return 0
 

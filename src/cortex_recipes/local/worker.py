@@ -462,55 +462,19 @@ def serve(sock: socket.socket, spec: WorkerSpec) -> None:
             )
 
 
-def preload() -> None:
-    """What a warm spare imports before it has a spec: the libraries every sub-job needs."""
-    import peft  # noqa: F401
-    import transformers  # noqa: F401
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
-
-
-def wait_for_spec(sock: socket.socket) -> str | None:
-    """A spare's first message names its spec and its log; None: the pool closed it unused.
-
-    The log becomes this process's stdout and stderr from here on, as a freshly spawned
-    worker's are from its start."""
-    try:
-        header, _ = recv_message(sock)
-    except ConnectionClosed:
-        return None
-    fd = os.open(header["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    return str(header["spec"])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--fd", type=int, required=True)
-    group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--spec")
-    group.add_argument("--spare", action="store_true", help="import, then wait for a spec")
+    parser.add_argument("--spec", required=True)
     args = parser.parse_args(argv)
-    sock = socket.socket(fileno=args.fd)
-    spec_path = args.spec
-    if args.spare:
-        preload()
-        spec_path = wait_for_spec(sock)
-        if spec_path is None:
-            return 0
-    spec = WorkerSpec.from_json(Path(spec_path).read_text())
+    spec = WorkerSpec.from_json(Path(args.spec).read_text())
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s {spec.sub_job_id} %(levelname)s %(message)s",
         stream=sys.stderr,
     )
     torch.set_num_threads(spec.threads)
-    if args.spare:
-        log.info("sub-job %s runs on a warm spare worker (imports done before its spec)",
-                 spec.sub_job_id)  # fmt: skip
+    sock = socket.socket(fileno=args.fd)
     serve(sock, spec)
     return 0
 

@@ -8,11 +8,6 @@ Invariants:
   :class:`WorkerDied`, refuses new ones, and tells its owner through ``on_death``.
 - A stop that was asked for (cancel, shutdown) is not a death: commands still queued or in
   flight fail with :class:`WorkerStopped`, which the request store reports as ``cancelled``.
-- Warm spares (:class:`SparePool`, off unless asked for) are worker processes that have already
-  imported torch, transformers and peft and wait for their spec. They only ever serve CPU
-  sub-jobs: a spare is started seeing no GPU, as every CPU worker is. A sub-job that gets one
-  starts from the same spec, seed and code as a freshly spawned worker, so its results are the
-  same; only the import time (about 10 s of CPU per worker on a 2-core machine) is saved.
 """
 
 from __future__ import annotations
@@ -32,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cortex_recipes.local.devices import CPU, worker_visible_devices
+from cortex_recipes.local.devices import worker_visible_devices
 from cortex_recipes.local.protocol import ConnectionClosed, recv_message, send_message
 from cortex_recipes.local.specs import WorkerSpec
 
@@ -70,105 +65,6 @@ def describe_exit(returncode: int | None) -> str:
     return f"exited with code {returncode}"
 
 
-def worker_env(device: str) -> dict[str, str]:
-    """The environment of a worker placed on ``device``."""
-    env = dict(os.environ)
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env["CUDA_VISIBLE_DEVICES"] = worker_visible_devices(
-        device, os.environ.get("CUDA_VISIBLE_DEVICES")
-    )
-    return env
-
-
-def _spawn(args: list[str], fd: int, log_path: Path, device: str) -> subprocess.Popen:
-    with open(log_path, "ab") as log_file:
-        return subprocess.Popen(
-            [sys.executable, "-m", "cortex_recipes.local.worker", "--fd", str(fd), *args],
-            pass_fds=(fd,),
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=log_file,
-            env=worker_env(device),
-        )
-
-
-@dataclass
-class Spare:
-    """A started worker process that has its imports done and waits for a spec."""
-
-    process: subprocess.Popen
-    sock: socket.socket
-
-
-class SparePool:
-    """Up to ``size`` warm spare workers for CPU sub-jobs; :meth:`take` hands one out and starts
-    its replacement. Spares that are never taken exit when the pool closes their socket."""
-
-    def __init__(self, size: int, log_path: Path):
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ValueError(f"warm_workers={size!r}; accepted: an integer >= 0")
-        self.size = size
-        self.log_path = Path(log_path)
-        self._spares: list[Spare] = []
-        self._lock = threading.Lock()
-        self._closed = False
-        self.taken = 0
-        with self._lock:
-            for _ in range(size):
-                self._spares.append(self._start())
-
-    def _start(self) -> Spare:
-        parent_sock, child_sock = socket.socketpair()
-        try:
-            process = _spawn(["--spare"], child_sock.fileno(), self.log_path, CPU)
-        finally:
-            child_sock.close()
-        return Spare(process, parent_sock)
-
-    def take(self, spec: WorkerSpec) -> Spare | None:
-        """A live spare for ``spec``, or None (a GPU sub-job, an empty or closed pool)."""
-        if spec.device != CPU:
-            return None
-        with self._lock:
-            if self._closed:
-                return None
-            live = []
-            for spare in self._spares:
-                if spare.process.poll() is None:
-                    live.append(spare)
-                else:
-                    log.warning(
-                        "a warm spare worker %s; see %s",
-                        describe_exit(spare.process.returncode), self.log_path,
-                    )  # fmt: skip
-                    spare.sock.close()
-            spare = live.pop(0) if live else None
-            self._spares = live
-            while len(self._spares) < self.size:
-                self._spares.append(self._start())
-            if spare is not None:
-                self.taken += 1
-            return spare
-
-    def close(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        with self._lock:
-            self._closed = True
-            spares, self._spares = self._spares, []
-        for spare in spares:
-            with contextlib.suppress(OSError):
-                spare.sock.shutdown(socket.SHUT_RDWR)
-            spare.sock.close()
-        for spare in spares:
-            try:
-                spare.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                spare.process.kill()
-                spare.process.wait()
-
-
 class WorkerHandle:
     """One sub-job's worker process and the threads that feed and reap it."""
 
@@ -179,7 +75,6 @@ class WorkerHandle:
         log_path: Path,
         *,
         on_death: Callable[[WorkerHandle, str], None] | None = None,
-        spare: Spare | None = None,
     ):
         self.spec = spec
         self.sub_job_id = spec.sub_job_id
@@ -194,22 +89,34 @@ class WorkerHandle:
         self._lock = threading.Lock()
         spec_path = run_dir / f"{self.sub_job_id.replace(':', '_')}.json"
         spec_path.write_text(spec.to_json())
-        self.warm = False
-        if spare is not None:
-            try:  # the spare redirects its output to log_path and loads the spec
-                send_message(spare.sock, {"spec": str(spec_path), "log": str(log_path)})
-                self.process, self._sock, self.warm = spare.process, spare.sock, True
-            except OSError:
-                spare.sock.close()
-        if not self.warm:
-            parent_sock, child_sock = socket.socketpair()
-            self._sock = parent_sock
-            try:
-                self.process = _spawn(
-                    ["--spec", str(spec_path)], child_sock.fileno(), log_path, spec.device
-                )
-            finally:
-                child_sock.close()
+        parent_sock, child_sock = socket.socketpair()
+        self._sock = parent_sock
+        env = dict(os.environ)
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("TRANSFORMERS_OFFLINE", "1")
+        env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        env["CUDA_VISIBLE_DEVICES"] = worker_visible_devices(
+            spec.device, os.environ.get("CUDA_VISIBLE_DEVICES")
+        )
+        with open(log_path, "ab") as log_file:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "cortex_recipes.local.worker",
+                    "--fd",
+                    str(child_sock.fileno()),
+                    "--spec",
+                    str(spec_path),
+                ],
+                pass_fds=(child_sock.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+                env=env,
+            )
+        child_sock.close()
         self._feeder = threading.Thread(target=self._feed, name=self.sub_job_id, daemon=True)
         self._feeder.start()
         self._reaper = threading.Thread(
