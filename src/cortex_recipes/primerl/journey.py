@@ -109,9 +109,8 @@ def write_tasks(profile, path: Path) -> Path:
 
     The lines follow the builtin runner's seeded task order (``rl.grpo.task_order`` of
     ``env.seed``): prime-rl's buffer takes a taskset's tasks in file order, so step ``N`` trains
-    on the same problems as step ``N`` of the builtin and synchronous runs. In reasoning-gym's
-    own order the first batches were dense in ``x + 0`` problems, where a reply that starts by
-    repeating an operand scores, and three SmolLM2 runs learned to do that."""
+    on the same problems as step ``N`` of the builtin and synchronous runs, and the runners
+    compare step for step."""
     from cortex_recipes.rl.grpo import task_order
 
     check_dataset(profile)
