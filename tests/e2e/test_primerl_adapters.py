@@ -202,6 +202,35 @@ def test_verifiers_train_client_runs_an_episode_through_the_adapter(client, job,
     assert adapter.counters["generate_requests"] == len(episode.turns)
 
 
+def test_unseeded_calls_draw_the_same_group_in_a_second_adapter_whatever_the_trace_ids(
+    client, job, tmp_path
+):
+    """prime-rl sends no seed and a fresh uuid4 as X-Session-ID per rollout: the group's samples
+    must still repeat in a new adapter (a rerun, a resume), the same set whatever the order."""
+    sampling = {k: v for k, v in PRIME_RL_SAMPLING.items() if k != "seed"}
+
+    def group(session_ids):
+        _, gateway = serve(client, job, tmp_path)
+        with gateway:
+            out = []
+            for session in session_ids:
+                body = {"model": TINY, "token_ids": PROBE, "sampling_params": sampling}
+                response = requests.post(
+                    f"{root(gateway)}/inference/v1/generate",
+                    json=body,
+                    headers={"X-Session-ID": session},
+                    timeout=120,
+                )
+                assert response.status_code == 200, response.text
+                out.append(tuple(response.json()["choices"][0]["token_ids"]))
+            return out
+
+    first = group([f"trace-a{k}" for k in range(4)])
+    second = group([f"trace-b{k}" for k in range(4)])
+    assert first == second
+    assert len(set(first)) > 1  # four draws, not one seed reused
+
+
 # More generate calls than anyio's 40 worker threads, which sync routes share: prime-rl keeps
 # batch_size of them in flight (64 on the SmolLM2 profile) across a pause.
 HELD_BY_PAUSE = 48

@@ -85,7 +85,9 @@ def test_the_taskset_file_holds_the_problems_and_prompts_the_eval_measures(tmp_p
     # line g is the problem the builtin runner's group g trains on (prime-rl reads in file order)
     for line in (0, 1, env.size - 1):
         task = env.task(order[line])
-        assert rows[line] == {"prompt": env.prompt(task), "answer": task.answer}
+        assert rows[line] == {
+            "prompt": env.prompt(task), "answer": task.answer, "partial_credit": True
+        }  # fmt: skip
         assert env.score(task, rows[line]["answer"]) == 1.0
     assert rows[0]["prompt"].endswith(profile.env.instruction)
     assert not list(path.parent.glob("*.tmp"))
@@ -167,5 +169,55 @@ def test_the_prime_rl_taskset_takes_a_task_file(tmp_path):
     journey.check_dataset(other)  # a task file is scoreable whatever env.dataset says
     profile = load_grpo_profile(config, [f"env.tasks={tasks}", "env.size=2"])
     path = journey.write_tasks(profile, tmp_path / "primerl" / "tasks.jsonl")
-    rows = sorted(json.loads(line)["answer"] for line in path.read_text().splitlines())
-    assert rows == ["18", "5"]
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert sorted(r["answer"] for r in rows) == ["18", "5"]
+    assert {r["partial_credit"] for r in rows} == {False}  # exact answers only, as env.score
+
+
+def _taskset_scoring():
+    """The taskset's reward module, loaded by path (the taskset itself imports verifiers v1,
+    which only prime-rl's environment has)."""
+    import importlib.util
+
+    path = journey.tasksets_dir() / "cortex_arith" / "scoring.py"
+    spec = importlib.util.spec_from_file_location("cortex_arith_scoring", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+REPLIES = [
+    "", "no number", "11", "11.1\n\nI added", "8 + 3 = 11", "111", "-11", "1", "The sum is 11.",
+    "411", "14", "4", "04", " 12 ",
+]  # fmt: skip
+
+
+def test_the_taskset_reward_is_what_the_builtin_runner_trains_on(tmp_path):
+    """prime-rl's orchestrator must train on the builtin runner's reward, ``env.score``:
+    reasoning-gym's partial credit for its problems (a taskset that rewarded exact answers only
+    gave prime-rl sparser signal than the runner it is compared with), exact answers only for
+    a task file."""
+    scoring = _taskset_scoring()
+    profile = load_grpo_profile("recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json")
+    path = journey.write_tasks(profile, tmp_path / "gym" / "tasks.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    env, _ = profile.envs()
+    order = task_order(profile.env.seed, env.size)
+    partial_seen = False
+    for line in range(40):
+        task, row = env.task(order[line]), rows[line]
+        for reply in [*REPLIES, task.answer, "1" + task.answer, task.answer + "0"]:
+            expected = env.score(task, reply)
+            assert scoring.score(reply, row["answer"], row["partial_credit"]) == expected, reply
+            partial_seen |= 0.0 < expected < 1.0
+    assert partial_seen  # the partial-credit branch was exercised
+
+    tasks = tmp_path / "file.jsonl"
+    tasks.write_text('{"question": "Calculate 7 + 4.", "answer": "11"}\n')
+    config = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
+    table = load_grpo_profile(config, [f"env.tasks={tasks}", "env.size=1"])
+    row = json.loads(journey.write_tasks(table, tmp_path / "t" / "tasks.jsonl").read_text())
+    table_env, _ = table.envs()
+    for reply in REPLIES:
+        expected = table_env.score(table_env.task(0), reply)
+        assert scoring.score(reply, row["answer"], row["partial_credit"]) == expected, reply

@@ -20,11 +20,23 @@ Routes (prime-rl 559b447 ``utils/client.py``; admin calls strip ``/v1``):
 - ``GET /metrics``: Prometheus text of this adapter's own counters (``cortex_recipes:*``;
   prime-rl mirrors only ``vllm:*`` families and tolerates their absence).
 
+Seeds: prime-rl sends no ``seed``, and the header the gateway would derive one from
+(``X-Session-ID``) is a fresh ``uuid4`` per rollout, so two runs never drew the same samples. A
+generate request without ``sampling_params.seed`` gets one here (:class:`TaskSeeds`) from the
+base seed, the weight version the rollout started at (prime-rl's ``cache_salt``; the sampler's
+version when absent), the prompt's token ids, and how many requests with that same version and
+prompt came before it. A group's ``group_size`` rollouts of a prompt therefore draw seeds
+``0..group_size-1`` of that key in whatever order they arrive: the group's samples are a
+function of the weights and the prompt, not of timing or trace ids. A seed the caller sends is
+used as is.
+
 One weight update runs at a time. The server binds 127.0.0.1.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import threading
 import time
@@ -43,6 +55,102 @@ log = logging.getLogger(__name__)
 
 PAUSE_MODES = ("keep", "wait")
 WEIGHT_FORMATS = ("hf", "vllm", "lora")
+
+
+class TaskSeeds:
+    """Per-request seeds that do not depend on arrival order or trace ids (module docstring).
+
+    ``seed_for(prompt_ids, salt)`` returns ``sha256(base_seed, salt, prompt ids, k)`` folded to
+    32 bits, where ``k`` counts the earlier calls with the same ``salt`` and prompt ids. The
+    counts live in memory: a restarted adapter counts from 0 again, so a resumed run redraws the
+    seeds the killed run drew for the same version and prompt (the same samples again, which is
+    what an uninterrupted run would have trained on)."""
+
+    def __init__(self, base_seed: int = 0):
+        self.base_seed = int(base_seed)
+        self._counts: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def seed_for(self, prompt_ids: list[int], salt: str) -> int:
+        prompt_key = hashlib.sha256(",".join(str(int(t)) for t in prompt_ids).encode()).hexdigest()
+        with self._lock:
+            k = self._counts.get((salt, prompt_key), 0)
+            self._counts[(salt, prompt_key)] = k + 1
+        digest = hashlib.sha256(f"{self.base_seed}:{salt}:{prompt_key}:{k}".encode()).digest()
+        return int.from_bytes(digest[:4], "big")
+
+
+class _SeedGenerateRequests:
+    """ASGI middleware: give a ``POST /inference/v1/generate`` body without
+    ``sampling_params.seed`` a :class:`TaskSeeds` seed before the gateway reads it. A body that
+    is not such a JSON object passes untouched (the gateway's own checks answer it)."""
+
+    def __init__(self, app, seeds: TaskSeeds, version_of_sampler):
+        self.app = app
+        self.seeds = seeds
+        self.version_of_sampler = version_of_sampler
+
+    def _with_seed(self, raw: bytes) -> bytes | None:
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return None
+        if not isinstance(body, dict):
+            return None
+        prompt = body.get("token_ids")
+        params = body.get("sampling_params")
+        if params is None:
+            params = {}
+        if (
+            not isinstance(prompt, list)
+            or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+            or not isinstance(params, dict)
+            or params.get("seed") is not None
+        ):
+            return None
+        salt = params.get("cache_salt")
+        if not isinstance(salt, str) or not salt:
+            version = self.version_of_sampler()
+            salt = "base" if version is None else str(version)
+        body["sampling_params"] = {**params, "seed": self.seeds.seed_for(prompt, salt)}
+        return json.dumps(body).encode()
+
+    async def __call__(self, scope, receive, send):
+        if (
+            scope["type"] != "http"
+            or scope["method"] != "POST"
+            or scope["path"] != "/inference/v1/generate"
+        ):
+            await self.app(scope, receive, send)
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                await self.app(scope, _replay([message], receive), send)
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        raw = b"".join(chunks)
+        seeded = self._with_seed(raw)
+        if seeded is not None:
+            raw = seeded
+            headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
+            scope = {**scope, "headers": [*headers, (b"content-length", str(len(raw)).encode())]}
+        body_message = {"type": "http.request", "body": raw, "more_body": False}
+        await self.app(scope, _replay([body_message], receive), send)
+
+
+def _replay(messages: list[dict], receive):
+    pending = list(messages)
+
+    async def replayed():
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replayed
 
 
 class WeightVersionConflict(RuntimeError):
@@ -103,8 +211,12 @@ class InferenceAdapter:
             self.counters["generate_tokens"] += len(result.get("token_ids") or [])
             return result
 
+        self.seeds = TaskSeeds(base_seed)
         self.app = create_gateway_app(
             generate, model=model, max_model_len=max_model_len, base_seed=base_seed
+        )
+        self.app.add_middleware(
+            _SeedGenerateRequests, seeds=self.seeds, version_of_sampler=lambda: self.version
         )
         self._add_routes()
 

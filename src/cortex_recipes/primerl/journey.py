@@ -102,8 +102,8 @@ def check_dataset(profile) -> None:
 
 
 def write_tasks(profile, path: Path) -> Path:
-    """The profile's training problems, ``{"prompt", "answer"}`` per line, for the
-    ``cortex-arith`` taskset: the same reasoning-gym problems and prompts (question plus the
+    """The profile's training problems for the ``cortex-arith`` taskset, one
+    ``{"prompt", "answer", "partial_credit"}`` per line: the same reasoning-gym problems and prompts (question plus the
     profile's instruction) the builtin runner and the greedy eval use, so prime-rl trains on the
     distribution the eval measures. Written atomically.
 
@@ -111,14 +111,19 @@ def write_tasks(profile, path: Path) -> Path:
     ``env.seed``): prime-rl's buffer takes a taskset's tasks in file order, so step ``N`` trains
     on the same problems as step ``N`` of the builtin and synchronous runs, and the runners
     compare step for step."""
+    from cortex_recipes.envs.math import MathEnv
     from cortex_recipes.rl.grpo import task_order
 
     check_dataset(profile)
     env, _ = profile.envs()
+    # The builtin runner trains on env.score: reasoning-gym's partial credit for its problems,
+    # exact answers only for a task file. The taskset applies the same rule per line.
+    partial = isinstance(env, MathEnv)
     lines = []
     for index in task_order(profile.env.seed, env.size):
         task = env.task(index)
-        lines.append(json.dumps({"prompt": env.prompt(task), "answer": task.answer}))
+        row = {"prompt": env.prompt(task), "answer": task.answer, "partial_credit": partial}
+        lines.append(json.dumps(row))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text("\n".join(lines) + "\n")

@@ -3,16 +3,16 @@
 Loaded by the env-server as taskset id ``cortex-arith`` when this folder's parent is on its
 PYTHONPATH (``cortex_recipes.primerl.journey`` puts it there). It runs only inside prime-rl's
 own environment, never in this project's. The problems come from ``tasks_path``, a JSONL file
-of ``{"prompt", "answer"}`` that the journey writes from the profile's reasoning-gym dataset
-(``primerl/tasks.jsonl`` in the run): the same problems and prompts the builtin runner trains on
-and the greedy eval uses. Reward: 1 when the first integer in the reply is the answer, the
-journey's own rule (``cortex_recipes.envs.math.extract_answer`` and an exact match, what the
-eval counts as correct). A reply such as "8 + 3 = 11" scores 0 under both; a taskset that
-scored the last integer taught exactly that format, which the eval then failed.
+of ``{"prompt", "answer", "partial_credit"}`` that the journey writes from the profile's
+reasoning-gym dataset (``primerl/tasks.jsonl`` in the run): the same problems and prompts the
+builtin runner trains on and the greedy eval uses. Reward: the builtin runner's training reward
+(``scoring.py``): the reply's first integer against the answer, with reasoning-gym's partial
+credit where the builtin runner gives it. The greedy eval counts only exact answers. A reply
+such as "8 + 3 = 11" scores 0 under both; a taskset that scored the last integer taught exactly
+that format, which the eval then failed.
 """
 
 import json
-import re
 from pathlib import Path
 
 import httpx
@@ -23,16 +23,12 @@ from verifiers.v1.dialects.chat import message_to_wire
 from verifiers.v1.harness import Harness
 from verifiers.v1.runtimes import ProgramResult
 
-INT = re.compile(r"-?\d+")
+from .scoring import score
 
 
-def first_integer(reply: str) -> str | None:
-    match = INT.search(reply or "")
-    return match.group(0) if match else None
-
-
-def read_tasks(path: str) -> list[tuple[str, str]]:
-    """``(prompt, answer)`` per line of ``path``; a bad line fails naming the line and field."""
+def read_tasks(path: str) -> list[tuple[str, str, bool]]:
+    """``(prompt, answer, partial_credit)`` per line of ``path``; a bad line fails naming the
+    line and field (``partial_credit`` is optional, false when absent)."""
     if not path:
         raise ValueError("tasks_path is empty: the journey writes primerl/tasks.jsonl and names it")
     rows = []
@@ -43,7 +39,10 @@ def read_tasks(path: str) -> list[tuple[str, str]]:
         for field in ("prompt", "answer"):
             if not isinstance(row.get(field), str) or not row[field]:
                 raise ValueError(f"{path}:{number}: {field}={row.get(field)!r}; a non-empty string")
-        rows.append((row["prompt"], row["answer"]))
+        partial = row.get("partial_credit", False)
+        if not isinstance(partial, bool):
+            raise ValueError(f"{path}:{number}: partial_credit={partial!r}; true or false")
+        rows.append((row["prompt"], row["answer"], partial))
     if not rows:
         raise ValueError(f"{path}: no tasks")
     return rows
@@ -51,6 +50,7 @@ def read_tasks(path: str) -> list[tuple[str, str]]:
 
 class ArithData(vf.TaskData):
     answer: str
+    partial_credit: bool = False
 
 
 class ArithTask(vf.Task[ArithData]):
@@ -60,7 +60,7 @@ class ArithTask(vf.Task[ArithData]):
 
     @vf.reward(weight=1.0)
     async def correct(self, trace: vf.Trace) -> float:
-        return 1.0 if first_integer(trace.last_reply) == self.data.answer else 0.0
+        return score(trace.last_reply, self.data.answer, self.data.partial_credit)
 
 
 class ArithConfig(vf.TasksetConfig):
@@ -70,8 +70,11 @@ class ArithConfig(vf.TasksetConfig):
 class ArithTaskset(vf.Taskset[ArithTask, ArithConfig]):
     def load(self) -> list[ArithTask]:
         return [
-            ArithTask(ArithData(idx=i, prompt=prompt, answer=answer), self.config.task)
-            for i, (prompt, answer) in enumerate(read_tasks(self.config.tasks_path))
+            ArithTask(
+                ArithData(idx=i, prompt=prompt, answer=answer, partial_credit=partial),
+                self.config.task,
+            )
+            for i, (prompt, answer, partial) in enumerate(read_tasks(self.config.tasks_path))
         ]
 
 
