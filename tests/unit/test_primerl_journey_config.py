@@ -221,3 +221,53 @@ def test_the_taskset_reward_is_what_the_builtin_runner_trains_on(tmp_path):
     for reply in REPLIES:
         expected = table_env.score(table_env.task(0), reply)
         assert scoring.score(reply, row["answer"], row["partial_credit"]) == expected, reply
+
+
+def test_prime_rl_records_carry_the_shared_grpo_keys():
+    """reward/mean and off_policy/* are spelled as the builtin runner spells them, so plots and
+    the schema read both runners alike; a fractional lag count fails closed."""
+    record = {
+        "step": 4,
+        "primerl/train/agg/effective/agent/reward/mean": 0.25,
+        "primerl/off_policy/mean": 1.5,
+        "primerl/off_policy/max": 2.0,
+    }
+    keys = journey.shared_keys(record)
+    assert keys == {"reward/mean": 0.25, "off_policy/mean": 1.5, "off_policy/max": 2}
+    assert isinstance(keys["off_policy/max"], int)
+    assert journey.shared_keys({"step": 4}) == {}
+    with pytest.raises(ValueError, match=r"primerl/off_policy/max=1.5"):
+        journey.shared_keys({**record, "primerl/off_policy/max": 1.5})
+
+
+def test_the_last_prime_rl_record_carries_the_eval_it_ran_first(tmp_path):
+    """RunRecorder runs evaluate_last before it writes the last step's record (so the record,
+    the schema check and the plots all see eval/accuracy), and only on the last step."""
+
+    class FakeRun:  # the narrow contract RunRecorder uses: record_metrics
+        def __init__(self):
+            self.records = []
+
+        def record_metrics(self, record, schema):
+            assert schema == journey.METRICS_SCHEMA
+            self.records.append(record)
+
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps({"step": s, "off_policy/max": 1, "train/agg/effective/a/reward/mean": 0.5})
+            + "\n"
+            for s in (1, 2)
+        )
+    )
+    calls = []
+    run = FakeRun()
+    recorder = journey.RunRecorder(
+        run, tmp_path, interval=10, max_steps=2, state={}, wait_s=0.0,
+        evaluate_last=lambda: calls.append("eval") or 0.75,
+    )  # fmt: skip
+    recorder.save_point = lambda step: True  # resume points are tested in test_primerl_resume
+    recorder({"step": 1, "loss": 0.1})
+    assert calls == [] and "eval/accuracy" not in run.records[0]
+    assert run.records[0]["reward/mean"] == 0.5 and run.records[0]["off_policy/max"] == 1
+    recorder({"step": 2, "loss": 0.2})
+    assert calls == ["eval"] and run.records[1]["eval/accuracy"] == 0.75

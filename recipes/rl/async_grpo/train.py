@@ -156,12 +156,21 @@ def train_on_primerl(config, profile: GRPOProfile, run: Run) -> dict:
 
         # On resume the before-training eval is the first run's (this job starts elsewhere).
         evals = list(run.resume["evals"]) if run.resume else [evaluate(0)]
+        last: list[dict] = []
+
+        def evaluate_last() -> float:
+            # the sampler may hold the previous version: evaluate the last one
+            trainer.sync()
+            last.append(evaluate(max_steps))
+            return last[-1]["accuracy"]
+
         out = run_primerl(
             client, profile, run, max_steps=max_steps, job_id=trainer.job_id,
-            state={"evals": evals},
+            state={"evals": evals}, evaluate_last=evaluate_last,
         )  # fmt: skip
-        trainer.sync()  # the sampler may hold the previous version: evaluate the last one
-        evals.append(evaluate(max_steps))
+        if not last:  # the last step was recorded before a kill: evaluate its weights now
+            evaluate_last()
+        evals.append(last[-1])
         client.cancel_job(trainer.job_id)
     summary = {"profile": profile.name, "config_hash": profile.config_hash, **out}
     return run.summary({**summary, "eval_accuracy": evals})

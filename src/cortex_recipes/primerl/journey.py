@@ -36,6 +36,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -281,17 +282,40 @@ def primerl_record(output_dir: Path, step: int) -> dict[str, Any] | None:
     return found[-1] if found else None
 
 
+def shared_keys(merged: dict[str, Any]) -> dict[str, Any]:
+    """The metrics every GRPO runner spells the same (docs/metrics.md), from prime-rl's keys:
+    ``reward/mean`` (the trained samples' reward, :func:`step_reward`), ``off_policy/mean`` and
+    ``off_policy/max`` (prime-rl's observed lag; an integer count of steps)."""
+    out: dict[str, Any] = {}
+    reward = step_reward(merged)
+    if reward is not None:
+        out["reward/mean"] = reward
+    mean, top = merged.get("primerl/off_policy/mean"), merged.get("primerl/off_policy/max")
+    if mean is not None:
+        out["off_policy/mean"] = mean
+    if top is not None:
+        if float(top) != int(top):
+            raise ValueError(f"step {merged.get('step')}: primerl/off_policy/max={top!r}; a count")
+        out["off_policy/max"] = int(top)
+    return out
+
+
 class RunRecorder:
     """The trainer adapter's ``on_step``: each published step's record, merged with prime-rl's
-    record of that step, goes to the run's ``metrics.jsonl``; then, on the steps where prime-rl's
-    orchestrator checkpoints, the run's own resume point (:mod:`cortex_recipes.primerl.resume`)."""
+    record of that step and the shared keys (:func:`shared_keys`), goes to the run's
+    ``metrics.jsonl``; then, on the steps where prime-rl's orchestrator checkpoints, the run's
+    own resume point (:mod:`cortex_recipes.primerl.resume`). ``evaluate_last`` (returns an
+    accuracy) runs before the last step's record is written, which then carries
+    ``eval/accuracy`` as the builtin runner's last record does."""
 
     def __init__(self, run, output_dir: Path, *, interval: int, max_steps: int,
-                 state: dict[str, Any], wait_s: float = 30.0):  # fmt: skip
+                 state: dict[str, Any], wait_s: float = 30.0,
+                 evaluate_last: Callable[[], float] | None = None):  # fmt: skip
         self.run, self.output_dir = run, Path(output_dir)
         self.interval, self.max_steps = interval, max_steps
         self.state = state  # what every resume point carries besides the step and trainer
         self.wait_s = wait_s
+        self.evaluate_last = evaluate_last
 
     def _wait(self, predicate) -> bool:
         deadline = time.monotonic() + self.wait_s
@@ -319,6 +343,9 @@ class RunRecorder:
         step = record["step"]
         self._wait(lambda: primerl_record(self.output_dir, step) is not None)
         merged = merge_record(record, primerl_record(self.output_dir, step))
+        merged.update(shared_keys(merged))
+        if step == self.max_steps and self.evaluate_last is not None:
+            merged["eval/accuracy"] = self.evaluate_last()
         self.run.record_metrics(merged, schema=METRICS_SCHEMA)
         if step % self.interval == 0 or step == self.max_steps:
             ckpt = resume.orchestrator_checkpoint(self.output_dir, step)
@@ -331,11 +358,13 @@ RUNNER = "prime-rl"
 
 def run_primerl(client, profile, run, *, max_steps: int, job_id: str,
                 state: dict[str, Any] | None = None, python: str | None = None,
-                timeout_s: float = 3600.0) -> dict[str, Any]:  # fmt: skip
+                timeout_s: float = 3600.0,
+                evaluate_last: Callable[[], float] | None = None) -> dict[str, Any]:  # fmt: skip
     """Train up to ``max_steps`` with prime-rl's orchestrator; returns the summary fields.
 
     ``run.resume`` (a resume point this function wrote) makes it resume after that step;
-    ``state`` is carried in every resume point (the journey's eval history).
+    ``state`` is carried in every resume point (the journey's eval history);
+    ``evaluate_last`` is :class:`RunRecorder`'s.
     """
     prime = primerl_python(python)
     work = run.path / "primerl"
@@ -355,7 +384,7 @@ def run_primerl(client, profile, run, *, max_steps: int, job_id: str,
     counters, overlap = _train(client, profile, run, prime=prime, work=work,
                                output_dir=output_dir, max_steps=max_steps, job_id=job_id,
                                resume_step=resume_step, state=state or {},
-                               timeout_s=timeout_s)  # fmt: skip
+                               timeout_s=timeout_s, evaluate_last=evaluate_last)  # fmt: skip
     records = run.read_metrics()
     steps = [r["step"] for r in records]
     if steps != list(range(1, max_steps + 1)):
@@ -386,13 +415,15 @@ def run_primerl(client, profile, run, *, max_steps: int, job_id: str,
 
 def _train(client, profile, run, *, prime: Path, work: Path, output_dir: Path, max_steps: int,
            job_id: str, resume_step: int | None, state: dict[str, Any],
-           timeout_s: float) -> tuple[dict[str, int], float]:  # fmt: skip
+           timeout_s: float,
+           evaluate_last: Callable[[], float] | None = None) -> tuple[dict[str, int], float]:  # fmt: skip
     model_dir = resolve_model_path(profile.model)
     tokenizer = load_tokenizer(profile.model)
     pad_id = frames.pad_id(tokenizer)
     port = free_port()
     interval = ckpt_interval(profile)
-    recorder = RunRecorder(run, output_dir, interval=interval, max_steps=max_steps, state=state)
+    recorder = RunRecorder(run, output_dir, interval=interval, max_steps=max_steps, state=state,
+                           evaluate_last=evaluate_last)  # fmt: skip
     adapter = InferenceAdapter(
         client, job_id, model=str(model_dir), max_model_len=profile.max_seq_len,
         output_dir=output_dir, weight_format=profile.weight_format, base_seed=profile.seed,
