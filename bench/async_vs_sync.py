@@ -53,6 +53,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
+    from cortex_recipes.plots import read_metrics
     from recipes.rl.async_grpo.train import Config as AsyncConfig
     from recipes.rl.async_grpo.train import main as run_async
     from recipes.rl.async_grpo.train import resolve_runner
@@ -86,11 +87,7 @@ def main() -> None:
             )
         )
         if runner == "prime-rl":
-            records = [
-                json.loads(line)
-                for line in (work / tag / "async" / "metrics.jsonl").read_text().splitlines()
-                if line.strip()
-            ]
+            records = read_metrics(work / tag / "async")
             async_loop = round(sum(r["time/step"] for r in records), 3)
             lag = max(overlapped["off_policy_max_per_step"])
         else:
