@@ -1,16 +1,16 @@
-"""The GRPO journeys end to end: real SDK -> HTTP -> local backend (tiny-qwen3) -> summaries.
+"""The synchronous Math GRPO example end to end: real SDK -> HTTP -> local backend
+(tiny-qwen3) -> summaries.
 
 The tiny model cannot learn arithmetic (its rewards stay 0); these tests pin the machinery:
-overlap, the lag bound, checkpoints, resume after SIGKILL, reconnect after a backend kill,
-and determinism of the synchronous example. Learning itself is qualified on SmolLM2
-(recipes/rl/async_grpo/evidence/).
+checkpoints, resume, and determinism. Learning itself is qualified on SmolLM2
+(recipes/rl/math_grpo/evidence/). The async journey runs on prime-rl's orchestrator:
+tests/e2e/test_primerl_journey.py (where prime-rl is installed) and
+tests/e2e/test_primerl_adapters.py (its two adapters, everywhere).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from cortex_recipes.run import CheckpointError, RunCheckpoints
 from tests import extras
 
 pytestmark = [pytest.mark.e2e, extras.requires("grpo")]
@@ -29,10 +28,6 @@ SYNC_SMOKE = "recipes/rl/math_grpo/configs/local-cpu-tiny-qwen3-smoke.json"
 
 
 def command(module: str, **overrides) -> list[str]:
-    if module == "recipes.rl.async_grpo.train":
-        # these tests pin the builtin scheduler; runner=auto would pick prime-rl where
-        # $CORTEX_RECIPES_PRIMERL_PYTHON is set (tests/e2e/test_primerl_journey.py covers that)
-        overrides.setdefault("runner", "builtin")
     return [sys.executable, "-m", module, *(f"{k}={v}" for k, v in overrides.items())]
 
 
@@ -63,98 +58,6 @@ def backend_pids(state_dir: Path) -> list[int]:
         text=True,
     )
     return [int(p) for p in out.stdout.split()]
-
-
-def test_async_smoke_overlaps_rollouts_with_training_within_the_lag_bound(tmp_path):
-    summary = run("recipes.rl.async_grpo.train", profile=ASYNC_SMOKE, log_path=tmp_path)
-    assert summary["steps"] == [1, 2, 3, 4]
-    assert summary["overlap_fraction"] > 0.0
-    assert summary["off_policy_max"] <= summary["max_async_level"] == 1
-    records = metrics(tmp_path)
-    for record in records:
-        versions = record["rollout_policy_versions"]
-        assert len(versions) == 2  # batch_size 8 / group_size 4
-        assert all(0 <= record["step"] - 1 - v <= 1 for v in versions)
-        assert record["policy_version"] == record["step"]
-        assert record["off_policy/max"] == max(record["step"] - 1 - v for v in versions)
-    assert any(r["off_policy/max"] == 1 for r in records), "sampling never ran ahead"
-    assert [e["step"] for e in summary["eval_accuracy"]] == [0, 2, 4]
-    assert RunCheckpoints(tmp_path / "checkpoints").steps() == [1, 2, 3, 4]
-    written = rollouts(tmp_path)
-    by_step = {r["step"]: r["policy_version"] for r in written if r["group"] == 0}
-    assert sorted(by_step) == [1, 2, 3, 4]
-    assert all(by_step[s] == records[s - 1]["rollout_policy_versions"][0] for s in by_step)
-
-
-def test_async_run_resumes_after_sigkill_without_repeating_or_skipping_steps(tmp_path):
-    cmd = command(
-        "recipes.rl.async_grpo.train", profile=ASYNC_SMOKE, log_path=tmp_path, max_steps=5
-    )
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        wait_for_step(proc, tmp_path, 2)
-        servers = backend_pids((tmp_path / "backend").resolve())
-        assert servers, "the local backend should be running"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    deadline = time.monotonic() + 30
-    while any(Path(f"/proc/{pid}").exists() for pid in servers) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not any(Path(f"/proc/{pid}").exists() for pid in servers), "orphaned backend"
-    killed_at = RunCheckpoints(tmp_path / "checkpoints").steps()[-1]
-    assert killed_at >= 2
-
-    summary = run(
-        "recipes.rl.async_grpo.train", profile=ASYNC_SMOKE, log_path=tmp_path, max_steps=5
-    )
-    assert summary["resumed_from_step"] == killed_at
-    assert [m["step"] for m in metrics(tmp_path)] == [1, 2, 3, 4, 5]
-    assert summary["steps"] == [1, 2, 3, 4, 5]
-    assert RunCheckpoints(tmp_path / "checkpoints").steps()[-1] == 5
-    resumed = [m for m in metrics(tmp_path) if m["step"] > killed_at]
-    assert all(min(m["rollout_policy_versions"]) >= killed_at for m in resumed)
-
-
-def test_async_run_reconnects_after_the_backend_is_killed(tmp_path):
-    cmd = command(
-        "recipes.rl.async_grpo.train", profile=ASYNC_SMOKE, log_path=tmp_path, max_steps=5
-    )
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        wait_for_step(proc, tmp_path, 2)
-        for pid in backend_pids((tmp_path / "backend").resolve()):
-            os.kill(pid, signal.SIGKILL)
-        out, _ = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out[-3000:]
-    assert "reconnect 1/3" in out
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["reconnects"] == 1 and summary["resumed_from_step"] >= 2
-    assert [m["step"] for m in metrics(tmp_path)] == [1, 2, 3, 4, 5]
-
-
-def test_resuming_with_a_changed_profile_is_refused(tmp_path):
-    RunCheckpoints(tmp_path / "checkpoints").save(
-        3, {"config_hash": "0000", "trainer": {"job_id": "job-x", "checkpoint_id": "cp_x"}}
-    )
-    from recipes.rl.async_grpo.train import Config, main
-
-    with pytest.raises(CheckpointError, match="profile hash 0000"):
-        main(Config(profile=ASYNC_SMOKE, log_path=str(tmp_path), runner="builtin"))
-    with pytest.raises(CheckpointError, match="if_exists=resume"):
-        main(
-            Config(profile=ASYNC_SMOKE, log_path=str(tmp_path), if_exists="fail", runner="builtin")
-        )
-    assert RunCheckpoints(tmp_path / "checkpoints").steps() == [3]  # nothing saved was lost
 
 
 def rollouts(run_dir: Path) -> list[dict]:

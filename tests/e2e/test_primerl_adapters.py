@@ -408,11 +408,19 @@ def test_trainer_adapter_stops_on_an_undecodable_rollout_file(client, job, tmp_p
     assert Path(tmp_path / "cortex" / broadcasts.LIVE).is_file()
 
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "primerl" / "rollouts"
+DATA = (
+    Path(__file__).resolve().parents[2]
+    / "recipes"
+    / "rl"
+    / "async_grpo"
+    / "primerl"
+    / "recorded"
+    / "rollouts"
+)
 
 
 def test_trainer_adapter_trains_on_prime_rl_rollout_files(client, job, tmp_path):
-    """Files recorded from a real prime-rl run (tests/data/primerl) train two steps."""
+    """Files recorded from a real prime-rl run (recipes/rl/async_grpo/primerl/recorded) train two steps."""
     import shutil
 
     shutil.copytree(DATA, tmp_path / "rollouts")

@@ -1,5 +1,4 @@
-"""``python -m recipes.rl.async_grpo.train runner=prime-rl``: the journey on prime-rl's own
-orchestrator, end to end on the local backend. Runs only where a prime-rl environment exists
+"""``python -m recipes.rl.async_grpo.train``: the journey on prime-rl's own orchestrator, end to end on the local backend. Runs only where a prime-rl environment exists
 (``CORTEX_RECIPES_PRIMERL_PYTHON``; recipes/rl/async_grpo/primerl/install.sh builds one)."""
 
 from __future__ import annotations
@@ -36,12 +35,12 @@ def test_the_journey_trains_on_prime_rl_and_keeps_both_sides_metrics(tmp_path):
     config = profiles.entrypoint(
         train.Config,
         GRPOProfile,
-        ["runner=prime-rl", f"profile={SMOKE}", "max_steps=2", f"log_path={tmp_path / 'run'}"],
+        [f"profile={SMOKE}", "max_steps=2", f"log_path={tmp_path / 'run'}"],
     )
     out = train.main(config)
     assert out["orchestrator"] == "prime-rl"
     assert out["steps"] == [1, 2] and out["published_versions"] == [0, 1, 2]
-    assert [e["step"] for e in out["eval_accuracy"]] == [0, 2]  # the builtin runner's eval set
+    assert [e["step"] for e in out["eval_accuracy"]] == [0, 2]  # before and after training
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     assert all(r["samples"] == 8 for r in records)  # batch_size 8, nothing filtered
@@ -64,7 +63,7 @@ def test_a_sigkilled_journey_resumes_both_sides_and_logs_every_step_once(tmp_pat
     job's sampler gets exactly that version, and steps 1..4 are logged once each."""
     run_dir = tmp_path / "run"
     command = [
-        sys.executable, "-m", "recipes.rl.async_grpo.train", "runner=prime-rl",
+        sys.executable, "-m", "recipes.rl.async_grpo.train",
         f"profile={SMOKE}", "max_steps=4", f"log_path={run_dir}",
     ]  # fmt: skip
     with open(tmp_path / "first.log", "wb") as log:
@@ -128,6 +127,60 @@ def test_a_sigkilled_journey_resumes_both_sides_and_logs_every_step_once(tmp_pat
         for x in (outputs / "cortex" / "trainer_metrics.jsonl").read_text().splitlines()
     ]
     assert trainer_steps == [1, 2, 3, 4]
+
+
+def _backend_pids(state_dir) -> list[int]:
+    out = subprocess.run(
+        ["pgrep", "-f", f"cortex_recipes.local.server .*--state-dir {state_dir} "],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    return [int(p) for p in out.stdout.split()]
+
+
+def test_a_killed_backend_is_reconnected_and_both_sides_resume_in_the_same_command(tmp_path):
+    """SIGKILL the local backend once step 2 is logged: the journey reconnects (a new
+    backend, a new job), resumes prime-rl's orchestrator and the trainer adapter from the newest
+    resume point, and finishes with every step logged once."""
+    run_dir = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "recipes.rl.async_grpo.train",
+        f"profile={SMOKE}", "max_steps=4", f"log_path={run_dir}",
+    ]  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 900
+        while max(_steps(run_dir), default=0) < 2:
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "step 2 was never logged"
+            time.sleep(0.5)
+        servers = _backend_pids((run_dir / "backend").resolve())
+        assert servers, "the local backend should be running"
+        for pid in servers:
+            os.kill(pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    assert "reconnect 1/3" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["reconnects"] == 1 and summary["resumed_from_step"] >= 2
+    assert _steps(run_dir) == [1, 2, 3, 4]
+    assert summary["published_versions"] == [0, 1, 2, 3, 4]
+
+
+def test_resuming_with_a_changed_profile_is_refused_and_nothing_saved_is_lost(tmp_path):
+    from cortex_recipes.run import CheckpointError, RunCheckpoints
+
+    RunCheckpoints(tmp_path / "checkpoints").save(
+        3, {"config_hash": "0000", "runner": "prime-rl",
+            "trainer": {"job_id": "job-x", "checkpoint_id": "cp_x"}},
+    )  # fmt: skip
+    with pytest.raises(CheckpointError, match="profile hash 0000"):
+        train.main(train.Config(profile=SMOKE, log_path=str(tmp_path)))
+    with pytest.raises(CheckpointError, match="if_exists=resume"):
+        train.main(train.Config(profile=SMOKE, log_path=str(tmp_path), if_exists="fail"))
+    assert RunCheckpoints(tmp_path / "checkpoints").steps() == [3]
 
 
 def _running(pid: int) -> bool:

@@ -186,7 +186,7 @@ def test_prime_rl_orchestrator_trains_through_the_adapters(client, tmp_path):
     assert any(r["grad_norm"] and r["grad_norm"] > 0 for r in records), records
     assert all(r["samples"] == 4 and r["trainable_tokens"] > 0 for r in records), records
     record_dir = os.environ.get("CORTEX_RECIPES_PRIMERL_RECORD")
-    if record_dir:  # how tests/data/primerl was produced (its README)
+    if record_dir:  # how primerl/recorded was produced (its README)
         for step in range(1, STEPS + 1):
             target = Path(record_dir) / f"step_{step}"
             target.mkdir(parents=True, exist_ok=True)

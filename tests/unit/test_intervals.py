@@ -108,7 +108,6 @@ def test_grpo_eval_gain_needs_per_item_results():
 
 def test_prime_rl_checks_pin_lag_sync_overlap_and_the_resume():
     from cortex_recipes.rl.checks import primerl_checks
-    from cortex_recipes.rl.policy_lag import LagConfig
 
     summary = {
         "rewards": [0.1, 0.2, 0.4, 0.5],
@@ -127,7 +126,7 @@ def test_prime_rl_checks_pin_lag_sync_overlap_and_the_resume():
         "steps_logged": [1, 2, 3, 4],
         "off_policy_max_per_step": [0.0, 1.0, 2.0, 1.0],
     }
-    lag = LagConfig(groups_per_step=2, max_async_level=1, max_off_policy_steps=2)
+    lag = 2  # max_off_policy_steps
     assert all(primerl_checks(run, 4, lag).values()), primerl_checks(run, 4, lag)
     for change, failed in [
         ({"off_policy_max_per_step": [0.0, 1.0, 3.0, 1.0]}, "lag_within_max_off_policy_steps"),
@@ -140,3 +139,10 @@ def test_prime_rl_checks_pin_lag_sync_overlap_and_the_resume():
     ]:
         checks = primerl_checks({**run, **change}, 4, lag)
         assert [k for k, ok in checks.items() if not ok] == [failed], change
+    # a run with a backend kill must show the reconnect too
+    killed = {**run, "events": [{"event": "backend killed", "after_step": 2}, *run["events"]]}
+    assert primerl_checks({**killed, "reconnected_in_process": True}, 4, lag)[
+        "reconnected_after_backend_kill"
+    ]
+    checks = primerl_checks({**killed, "reconnected_in_process": False}, 4, lag)
+    assert [k for k, ok in checks.items() if not ok] == ["reconnected_after_backend_kill"]

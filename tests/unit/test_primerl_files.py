@@ -1,8 +1,8 @@
 """prime-rl's rollout files and weight-version files: decoding, fail-closed errors, the frame.
 
 Files are built with msgpack the way prime-rl writes them (an ``array_like`` MicroBatch per
-entry, trailing defaults omitted); tests/data/primerl/ holds files written with prime-rl's own
-structs (its README says how; they are not recorded from an orchestrator run).
+entry, trailing defaults omitted); recipes/rl/async_grpo/primerl/recorded/ holds files that
+prime-rl's own orchestrator wrote in a real run (its README says how they were recorded).
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ from cortex_recipes.primerl.trainer import grpo_rows_frame
 
 pytestmark = pytest.mark.unit
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "primerl"
+DATA = (
+    Path(__file__).resolve().parents[2] / "recipes" / "rl" / "async_grpo" / "primerl" / "recorded"
+)
 
 
 def packed(samples: list[dict]) -> MicroBatch:

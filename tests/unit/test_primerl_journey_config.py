@@ -72,8 +72,8 @@ def test_a_dataset_the_prime_rl_path_cannot_score_is_refused(tmp_path):
 
 
 def test_the_taskset_file_holds_the_problems_and_prompts_the_eval_measures(tmp_path):
-    """prime-rl trains on the same reasoning-gym problems, worded the same, as the builtin
-    runner and the greedy eval (a taskset of its own wording and scoring taught a format the
+    """prime-rl trains on the same reasoning-gym problems, worded the same, as Math GRPO
+    and the greedy eval (a taskset of its own wording and scoring taught a format the
     eval then scored 0)."""
     profile = load_grpo_profile("recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json")
     path = journey.write_tasks(profile, tmp_path / "primerl" / "tasks.jsonl")
@@ -82,7 +82,7 @@ def test_the_taskset_file_holds_the_problems_and_prompts_the_eval_measures(tmp_p
     assert len(rows) == env.size
     order = task_order(profile.env.seed, env.size)
     assert sorted(order) == list(range(env.size)) and order != sorted(order)
-    # line g is the problem the builtin runner's group g trains on (prime-rl reads in file order)
+    # line g is the problem Math GRPO's group g trains on (prime-rl reads in file order)
     for line in (0, 1, env.size - 1):
         task = env.task(order[line])
         assert rows[line] == {
@@ -136,25 +136,34 @@ def test_step_reward_is_prime_rls_effective_reward_and_refuses_two_agents():
         journey.step_reward(two)
 
 
-def test_runner_auto_picks_prime_rl_only_where_its_environment_is_named(monkeypatch):
+def test_without_prime_rl_the_journey_fails_closed_naming_the_variable_and_writes_nothing(
+    monkeypatch, tmp_path
+):
+    from cortex_recipes.primerl.launch import PrimeRLNotFound
     from recipes.rl.async_grpo import train
 
     monkeypatch.delenv("CORTEX_RECIPES_PRIMERL_PYTHON", raising=False)
-    assert train.resolve_runner("auto") == "builtin"
-    monkeypatch.setenv("CORTEX_RECIPES_PRIMERL_PYTHON", "/nowhere/python")
-    # chosen by the variable; the launcher then fails closed on a wrong path, never falls back
-    assert train.resolve_runner("auto") == "prime-rl"
-    assert train.resolve_runner("builtin") == "builtin"
-    with pytest.raises(train.ProfileError, match="runner='vllm'"):
-        train.resolve_runner("vllm")
+    with pytest.raises(PrimeRLNotFound, match="set CORTEX_RECIPES_PRIMERL_PYTHON"):
+        train.main(train.Config(log_path=str(tmp_path / "run")))
+    assert not (tmp_path / "run").exists()
+    monkeypatch.setenv("CORTEX_RECIPES_PRIMERL_PYTHON", str(tmp_path / "nowhere" / "python"))
+    with pytest.raises(PrimeRLNotFound, match="nowhere/python' is not a file"):
+        train.main(train.Config(log_path=str(tmp_path / "run")))
+    assert not (tmp_path / "run").exists()
 
 
-def test_async_grpo_evidence_comes_only_from_prime_rl():
-    from recipes.rl.async_grpo import qualify
+def test_a_profile_without_max_off_policy_steps_belongs_to_math_grpo(tmp_path):
+    from recipes.rl.async_grpo import train
 
-    assert qualify.Config().runner == "prime-rl"
-    with pytest.raises(ValueError, match="runner='builtin' with evidence=true"):
-        qualify.main(qualify.Config(runner="builtin"))
+    sync = "recipes/rl/math_grpo/configs/local-cpu-tiny-qwen3-smoke.json"
+    with pytest.raises(train.ProfileError, match="max_off_policy_steps is not set"):
+        train.main(train.Config(profile=sync, log_path=str(tmp_path / "run")))
+
+
+def test_the_prime_rl_taskset_has_no_latency_knob():
+    config = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
+    with pytest.raises(ValueError, match="env.latency_s=1.5"):
+        journey.check_dataset(load_grpo_profile(config, ["env.latency_s=1.5"]))
 
 
 def test_the_prime_rl_taskset_takes_a_task_file(tmp_path):
@@ -192,10 +201,10 @@ REPLIES = [
 ]  # fmt: skip
 
 
-def test_the_taskset_reward_is_what_the_builtin_runner_trains_on(tmp_path):
-    """prime-rl's orchestrator must train on the builtin runner's reward, ``env.score``:
+def test_the_taskset_reward_is_what_math_grpo_trains_on(tmp_path):
+    """prime-rl's orchestrator must train on Math GRPO's reward, ``env.score``:
     reasoning-gym's partial credit for its problems (a taskset that rewarded exact answers only
-    gave prime-rl sparser signal than the runner it is compared with), exact answers only for
+    gave prime-rl sparser signal than the loop it is compared with), exact answers only for
     a task file."""
     scoring = _taskset_scoring()
     profile = load_grpo_profile("recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json")
@@ -224,7 +233,7 @@ def test_the_taskset_reward_is_what_the_builtin_runner_trains_on(tmp_path):
 
 
 def test_prime_rl_records_carry_the_shared_grpo_keys():
-    """reward/mean and off_policy/* are spelled as the builtin runner spells them, so plots and
+    """reward/mean and off_policy/* are spelled as Math GRPO spells them, so plots and
     the schema read both runners alike; a fractional lag count fails closed."""
     record = {
         "step": 4,

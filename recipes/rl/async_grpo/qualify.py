@@ -1,27 +1,21 @@
-"""Qualify an async GRPO profile: one run, interrupted twice, that must still finish cleanly.
+"""Qualify an async GRPO profile on prime-rl's orchestrator: one run, interrupted twice, that
+must still finish cleanly.
 
-    python -m recipes.rl.async_grpo.qualify          # on prime-rl's orchestrator: the evidence
-    python -m recipes.rl.async_grpo.qualify runner=builtin evidence=false   # this project's scheduler
+    python -m recipes.rl.async_grpo.qualify                       # the evidence
+    python -m recipes.rl.async_grpo.qualify evidence=false        # print the checks only
 
-The default, ``runner=prime-rl``, runs prime-rl's orchestrator and env-server (the environment
-``$CORTEX_RECIPES_PRIMERL_PYTHON`` names) with one interruption: once step ``kill_run_after`` is
-logged the training process gets SIGKILL (its trainer adapter with it; prime-rl's processes die
-with it), and the rerun must resume both sides from the run's newest resume point. The checks
-(``rl.checks.primerl_checks``): reward and eval accuracy rose; the lag prime-rl observed was
-logged every step, stayed within ``max_off_policy_steps`` and was at least 1 somewhere; rollouts
-were generated while the trainer trained; every version sampled from was applied to the sampler;
-every step once; the rerun resumed. The record goes to ``evidence/<profile>.json`` and
-``last_validated`` is set (``evidence=false``: print the checks and write nothing).
-
-``runner=builtin`` (``evidence=false`` only: the journey's evidence comes from prime-rl's
-orchestrator) qualifies this project's scheduler with two interruptions:
-1. once step ``kill_backend_after`` is logged, the local backend server is killed. The run
-   must reconnect by itself and resume from its last checkpoint;
-2. once step ``kill_run_after`` is logged, the training process itself gets SIGKILL;
-3. the same command is run again, and it must resume and finish.
-Its checks: reward and greedy eval accuracy rose; the observed lag never exceeded
-``max_async_level`` or ``max_off_policy_steps``; rollouts overlapped training; every step from
-1 to ``max_steps`` was logged exactly once; both interruptions resumed from a checkpoint.
+prime-rl's orchestrator and env-server run in the environment ``$CORTEX_RECIPES_PRIMERL_PYTHON``
+names. The run is interrupted twice:
+1. once step ``kill_backend_after`` is logged (0: never), the local backend server is killed;
+   the journey must reconnect by itself and resume both sides from its newest resume point;
+2. once step ``kill_run_after`` is logged, the training process gets SIGKILL (its trainer
+   adapter with it; prime-rl's processes die with it), and the rerun must resume both sides.
+The checks (``rl.checks.primerl_checks``): reward and eval accuracy rose; the lag prime-rl
+observed was logged every step, stayed within ``max_off_policy_steps`` and was at least 1
+somewhere; rollouts were generated while the trainer trained; every version sampled from was
+applied to the sampler; every step once; both interruptions resumed. The record goes to
+``evidence/<profile>.json`` and ``last_validated`` is set (``evidence=false``: print the checks
+and write nothing).
 """
 
 from __future__ import annotations
@@ -39,7 +33,7 @@ import chz
 
 from cortex_recipes.intervals import bootstrap_mean
 from cortex_recipes.qualify import record_evidence, work_dir
-from cortex_recipes.rl.checks import async_grpo_checks, eval_gain, primerl_checks
+from cortex_recipes.rl.checks import eval_gain, primerl_checks
 from cortex_recipes.rl.profile import load_grpo_profile
 
 log = logging.getLogger("recipes.rl.async_grpo.qualify")
@@ -49,14 +43,9 @@ RECIPE_DIR = Path(__file__).parent
 @chz.chz
 class Config:
     profile: str = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
-    kill_backend_after: int = 3
+    kill_backend_after: int = chz.field(default=3, doc="0: no backend kill")
     kill_run_after: int = 6
     timeout_s: float = 3600.0
-    runner: str = chz.field(
-        default="prime-rl",
-        doc="prime-rl (the journey's evidence) | builtin (this project's scheduler; evidence=false "
-        "only: the record must come from prime-rl's orchestrator)",
-    )
     evidence: bool = chz.field(default=True, doc="false: print the checks, write no record")
 
 
@@ -84,69 +73,6 @@ def wait_for_step(proc, run_dir: Path, step: int, deadline: float) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"step {step} not reached in time")
         time.sleep(1.0)
-
-
-def main(config: Config) -> dict:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    profile = load_grpo_profile(config.profile)
-    if config.runner not in ("builtin", "prime-rl"):
-        raise ValueError(f"runner={config.runner!r}; accepted: prime-rl, builtin")
-    if config.runner == "builtin" and config.evidence:
-        raise ValueError(
-            "runner='builtin' with evidence=true: the journey's evidence is produced by prime-rl's "
-            "orchestrator (runner=prime-rl, $CORTEX_RECIPES_PRIMERL_PYTHON); pass evidence=false "
-            "for a builtin dry run"
-        )
-    if config.runner == "prime-rl":
-        return qualify_primerl(config, profile)
-    run_dir = work_dir("qualify-async-grpo-")
-    command = [
-        sys.executable,
-        "-m",
-        "recipes.rl.async_grpo.train",
-        f"profile={config.profile}",
-        f"log_path={run_dir}",
-    ]
-    deadline = time.monotonic() + config.timeout_s
-    events = []
-    with open(run_dir / "train-1.log", "wb") as out:
-        first = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-        wait_for_step(first, run_dir, config.kill_backend_after, deadline)
-        for pid in backend_pids((run_dir / "backend").resolve()):
-            os.kill(pid, signal.SIGKILL)
-        events.append({"event": "backend killed", "after_step": max(logged_steps(run_dir))})
-        log.info("killed the backend after step %d", events[-1]["after_step"])
-        wait_for_step(first, run_dir, config.kill_run_after, deadline)
-        first.send_signal(signal.SIGKILL)
-        first.wait()
-        events.append({"event": "training killed", "after_step": max(logged_steps(run_dir))})
-        log.info("killed training after step %d", events[-1]["after_step"])
-    with open(run_dir / "train-2.log", "wb") as out:
-        subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=True)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
-    first_log = (run_dir / "train-1.log").read_text(errors="replace")
-    run = {
-        "summary": summary,
-        "events": events,
-        "reconnected_in_process": "reconnect 1/" in first_log,
-        "steps_logged": [m["step"] for m in metrics],
-        "rewards": [round(m["reward/mean"], 4) for m in metrics],
-        "off_policy_max_per_step": [m["off_policy/max"] for m in metrics],
-        "dropped_total": metrics[-1]["off_policy/dropped_total"],
-        "time_per_step_s": [m["time/train"] for m in metrics],
-    }
-    checks = async_grpo_checks(run, profile.max_steps, profile.lag_config())
-    evals = summary["eval_accuracy"]
-    measured = {
-        "eval_accuracy_before": bootstrap_mean("eval_accuracy_before", evals[0]["correct"]),
-        "eval_accuracy_after": bootstrap_mean("eval_accuracy_after", evals[-1]["correct"]),
-        "eval_accuracy_gain": eval_gain(summary),
-        "reward_last_step": summary["rewards"][-1],
-        "off_policy_max": max(run["off_policy_max_per_step"]),
-        "overlap_fraction": summary["overlap_fraction"],
-    }
-    return finish(config, profile, run, checks, measured)
 
 
 def finish(config: Config, profile, run: dict, checks: dict, measured: dict) -> dict:
@@ -181,16 +107,24 @@ def _running(pid: int) -> bool:
         return False
 
 
-def qualify_primerl(config: Config, profile) -> dict:
+def main(config: Config) -> dict:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    profile = load_grpo_profile(config.profile)
     run_dir = work_dir("qualify-async-grpo-primerl-")
     command = [
-        sys.executable, "-m", "recipes.rl.async_grpo.train", "runner=prime-rl",
+        sys.executable, "-m", "recipes.rl.async_grpo.train",
         f"profile={config.profile}", f"log_path={run_dir}",
     ]  # fmt: skip
     deadline = time.monotonic() + config.timeout_s
     events = []
     with open(run_dir / "train-1.log", "wb") as out:
         first = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        if config.kill_backend_after:
+            wait_for_step(first, run_dir, config.kill_backend_after, deadline)
+            for pid in backend_pids((run_dir / "backend").resolve()):
+                os.kill(pid, signal.SIGKILL)
+            events.append({"event": "backend killed", "after_step": max(logged_steps(run_dir))})
+            log.info("killed the backend after step %d", events[-1]["after_step"])
         wait_for_step(first, run_dir, config.kill_run_after, deadline)
         first.send_signal(signal.SIGKILL)
         first.wait()
@@ -201,6 +135,7 @@ def qualify_primerl(config: Config, profile) -> dict:
             "primerl_processes_gone": processes_gone(run_dir),
         }
     )
+    first_log = (run_dir / "train-1.log").read_text(errors="replace")
     log.info("killed training after step %d", events[-1]["after_step"])
     with open(run_dir / "train-2.log", "wb") as out:
         subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=True)
@@ -210,6 +145,7 @@ def qualify_primerl(config: Config, profile) -> dict:
         "runner": "prime-rl",
         "summary": summary,
         "events": events,
+        "reconnected_in_process": "reconnect 1/" in first_log,
         "steps_logged": [m["step"] for m in metrics],
         "rewards": summary["rewards"],
         "off_policy_max_per_step": summary["off_policy_max_per_step"],
@@ -222,8 +158,8 @@ def qualify_primerl(config: Config, profile) -> dict:
             "(primerl/train/agg/effective/<agent>/reward/mean)"
         )
     checks = {
-        **primerl_checks(run, profile.max_steps, profile.lag_config()),
-        "primerl_processes_died_with_the_journey": events[0]["primerl_processes_gone"],
+        **primerl_checks(run, profile.max_steps, profile.orchestrator.max_off_policy_steps),
+        "primerl_processes_died_with_the_journey": events[-1]["primerl_processes_gone"],
     }
     evals = summary["eval_accuracy"]
     observed = [x for x in run["off_policy_max_per_step"] if x is not None]

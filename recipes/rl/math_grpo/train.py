@@ -54,8 +54,8 @@ def main(config: Config) -> dict:
     profile = load_grpo_profile(config.profile, config.overrides)
     if profile.is_async:
         raise ProfileError(
-            f"{config.profile} sets orchestrator.max_async_level: asynchronous profiles belong "
-            "to recipes/rl/async_grpo"
+            f"{config.profile} sets orchestrator.max_off_policy_steps: asynchronous profiles "
+            "belong to recipes/rl/async_grpo"
         )
     max_steps = config.max_steps or profile.max_steps
     latency = config.env_latency_s if config.env_latency_s >= 0 else profile.env.latency_s

@@ -186,10 +186,17 @@ def read_live(output_dir: Path) -> dict[str, Any] | None:
     return live
 
 
-def wait_for(predicate, *, timeout_s: float, poll_s: float, what: str) -> float:
-    """Poll ``predicate`` until true; seconds waited. Raises ``TimeoutError`` naming ``what``."""
+class Stopped(RuntimeError):
+    """A wait was given up because its owner was told to stop (the orchestrator has exited)."""
+
+
+def wait_for(predicate, *, timeout_s: float, poll_s: float, what: str, stop=None) -> float:
+    """Poll ``predicate`` until true; seconds waited. Raises ``TimeoutError`` naming ``what``,
+    or :class:`Stopped` once ``stop`` (a ``threading.Event``) is set."""
     start = time.monotonic()
     while not predicate():
+        if stop is not None and stop.is_set():
+            raise Stopped(f"stopped while waiting for {what}")
         if time.monotonic() - start > timeout_s:
             raise TimeoutError(f"gave up after {timeout_s:.0f} s waiting for {what}")
         time.sleep(poll_s)

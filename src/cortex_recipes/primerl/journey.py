@@ -46,6 +46,7 @@ from cortex_recipes.primerl import broadcasts, resume
 from cortex_recipes.primerl.inference import InferenceAdapter
 from cortex_recipes.primerl.launch import child_command, primerl_python
 from cortex_recipes.primerl.trainer import METRICS, TrainerAdapter, TrainerAdapterConfig
+from cortex_recipes.reconnect import is_recoverable
 from cortex_recipes.run import CheckpointError
 from cortex_recipes.tito.gateway import Gateway
 
@@ -94,31 +95,36 @@ TASKS_FILE = "tasks.jsonl"
 
 def check_dataset(profile) -> None:
     """The prime-rl taskset scores the first integer of the reply against an integer answer:
-    reasoning-gym's ``basic_arithmetic``, or a task file (``env.tasks``, integer answers)."""
+    reasoning-gym's ``basic_arithmetic``, or a task file (``env.tasks``, integer answers). It
+    has no simulated verifier latency."""
     if profile.env.tasks is None and profile.env.dataset != "basic_arithmetic":
         raise ValueError(
             f"env.dataset={profile.env.dataset!r}: the prime-rl path's taskset scores integer "
             "answers ('basic_arithmetic', or a task file in env.tasks)"
+        )
+    if profile.env.latency_s:
+        raise ValueError(
+            f"env.latency_s={profile.env.latency_s!r}: the prime-rl path's taskset has no "
+            "simulated latency (set it to 0; Math GRPO's loop has one)"
         )
 
 
 def write_tasks(profile, path: Path) -> Path:
     """The profile's training problems for the ``cortex-arith`` taskset, one
     ``{"prompt", "answer", "partial_credit"}`` per line: the same reasoning-gym problems and prompts (question plus the
-    profile's instruction) the builtin runner and the greedy eval use, so prime-rl trains on the
+    profile's instruction) Math GRPO and the greedy eval use, so prime-rl trains on the
     distribution the eval measures. Written atomically.
 
-    The lines follow the builtin runner's seeded task order (``rl.grpo.task_order`` of
-    ``env.seed``): prime-rl's buffer takes a taskset's tasks in file order, so step ``N`` trains
-    on the same problems as step ``N`` of the builtin and synchronous runs, and the runners
-    compare step for step."""
+    The lines follow Math GRPO's seeded task order (``rl.grpo.task_order`` of ``env.seed``):
+    prime-rl's buffer takes a taskset's tasks in file order, so step ``N`` trains on the same
+    problems as step ``N`` of the synchronous example, and the two compare step for step."""
     from cortex_recipes.envs.math import MathEnv
     from cortex_recipes.rl.grpo import task_order
 
     check_dataset(profile)
     env, _ = profile.envs()
-    # The builtin runner trains on env.score: reasoning-gym's partial credit for its problems,
-    # exact answers only for a task file. The taskset applies the same rule per line.
+    # Math GRPO trains on env.score: reasoning-gym's partial credit for its problems, exact
+    # answers only for a task file. The taskset applies the same rule per line.
     partial = isinstance(env, MathEnv)
     lines = []
     for index in task_order(profile.env.seed, env.size):
@@ -306,7 +312,7 @@ class RunRecorder:
     ``metrics.jsonl``; then, on the steps where prime-rl's orchestrator checkpoints, the run's
     own resume point (:mod:`cortex_recipes.primerl.resume`). ``evaluate_last`` (returns an
     accuracy) runs before the last step's record is written, which then carries
-    ``eval/accuracy`` as the builtin runner's last record does."""
+    ``eval/accuracy`` as Math GRPO's last record does."""
 
     def __init__(self, run, output_dir: Path, *, interval: int, max_steps: int,
                  state: dict[str, Any], wait_s: float = 30.0,
@@ -374,9 +380,9 @@ def run_primerl(client, profile, run, *, max_steps: int, job_id: str,
     point = run.resume
     if point is not None and point.get("runner") != RUNNER:
         raise CheckpointError(
-            f"{run.path}/checkpoints/step_{point['step']}: runner="
-            f"{point.get('runner', 'builtin')!r}, this run is runner={RUNNER!r}; resume it with "
-            "the runner that wrote it, or pass if_exists=overwrite"
+            f"{run.path}/checkpoints/step_{point['step']}: written by runner="
+            f"{point.get('runner', 'builtin')!r} (this project's retired scheduler), not by "
+            f"{RUNNER!r}; it cannot be resumed: pass if_exists=overwrite or another run_name"
         )
     resume_step = point["step"] if point is not None else None
     restored = resume.restore(output_dir, resume_step, point and point["trainer"])
@@ -511,17 +517,33 @@ def _train(client, profile, run, *, prime: Path, work: Path, output_dir: Path, m
                     env_server.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     env_server.kill()
+        trainer.stop.set()  # no more rollout files or syncs can come
         thread.join(timeout=600)
+    failures = [f for f in failures if not isinstance(f, broadcasts.Stopped)]
     if failures:  # the trainer adapter's error explains an orchestrator stopped because of it
         raise failures[0]
     if returncode != 0:
+        lost = backend_lost(client, job_id)
         raise RuntimeError(
-            f"prime-rl's orchestrator exited with {returncode}; its log: {work / 'orchestrator.log'}"
-        )
+            f"prime-rl's orchestrator exited with {returncode}"
+            + (f" after the backend was lost ({type(lost).__name__})" if lost else "")
+            + f"; its log: {work / 'orchestrator.log'}"
+        ) from lost
     if thread.is_alive():
         raise RuntimeError(f"the trainer adapter did not finish; see {work}")
     overlap = overlap_fraction(trainer.train_intervals, adapter.generation_intervals)
     return dict(adapter.counters), overlap
+
+
+def backend_lost(client, job_id: str) -> BaseException | None:
+    """The recoverable error (connection refused, 5xx, ...) a call to the backend gives now, or
+    None when the backend answers: an orchestrator that died because the backend went away is
+    then reported as that (the journey reconnects and resumes), any other death as itself."""
+    try:
+        client.get_job(job_id)
+    except Exception as exc:  # noqa: BLE001 - classified and returned, not swallowed
+        return exc if is_recoverable(exc) else None
+    return None
 
 
 def _wait(process: subprocess.Popen, failures: list, timeout_s: float) -> int | None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -98,6 +99,9 @@ class TrainerAdapter:
         self.version: int | None = None
         #: (start, end) of each forward-backward and optimizer step, time.monotonic()
         self.train_intervals: list[tuple[float, float]] = []
+        #: set by whoever runs prime-rl once its orchestrator has exited: a wait for a rollout
+        #: file or a weight sync that can no longer come raises broadcasts.Stopped
+        self.stop = threading.Event()
 
     # -- start and resume ---------------------------------------------------------------
 
@@ -155,8 +159,10 @@ class TrainerAdapter:
                 timeout_s=self.config.final_sync_timeout_s if final else self.config.sync_timeout_s,
                 poll_s=self.config.poll_s,
                 what=f"the sampler to apply version {step - 1} (its APPLIED marker)",
+                stop=self.stop,
             )
-        except TimeoutError:
+        except (TimeoutError, broadcasts.Stopped):
+            # the orchestrator may exit without applying the version before the last one
             if not final:
                 raise
             log.warning("last step %d: version %d was not applied; stepping anyway", step, step - 1)
@@ -171,8 +177,9 @@ class TrainerAdapter:
         t_step = time.monotonic()
         path = rollout_path(self.output_dir, step, config.rank)
         waited = broadcasts.wait_for(
-            path.is_file, timeout_s=config.batch_timeout_s, poll_s=config.poll_s, what=str(path)
-        )
+            path.is_file, timeout_s=config.batch_timeout_s, poll_s=config.poll_s, what=str(path),
+            stop=self.stop,
+        )  # fmt: skip
         rows = read_rows(path)
         frame, stats = grpo_rows_frame(rows, config.pad_id, config.loss_config)
         t_train = time.monotonic()

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from cortex_recipes.intervals import paired_difference
-from cortex_recipes.rl.policy_lag import LagConfig
 
 
 def _window_means(values: list[float], parts: int = 2) -> list[float]:
@@ -35,28 +34,12 @@ def learning_checks(summary: dict[str, Any]) -> dict[str, bool]:
     }
 
 
-def async_grpo_checks(run: dict[str, Any], max_steps: int, lag: LagConfig) -> dict[str, bool]:
-    summary = run["summary"]
-    kinds = [e["event"] for e in run["events"]]
-    return {
-        **learning_checks(summary),
-        "lag_within_max_async_level": max(run["off_policy_max_per_step"]) <= lag.max_async_level,
-        "lag_within_max_off_policy_steps": max(run["off_policy_max_per_step"])
-        <= lag.max_off_policy_steps,
-        "sampling_ran_ahead": max(run["off_policy_max_per_step"]) >= 1,
-        "rollouts_overlapped_training": summary["overlap_fraction"] > 0.0,
-        "every_step_once_in_order": run["steps_logged"] == list(range(1, max_steps + 1)),
-        "reconnected_after_backend_kill": "backend killed" in kinds
-        and run["reconnected_in_process"],
-        "resumed_after_process_kill": "training killed" in kinds
-        and summary["resumed_from_step"] is not None,
-    }
-
-
-def primerl_checks(run: dict[str, Any], max_steps: int, lag: LagConfig) -> dict[str, bool]:
-    """The async GRPO checks for ``runner=prime-rl``: prime-rl's orchestrator bounds the lag
-    (``max_off_policy_steps``, and its fixed async level), so what is checked is what it
-    observed per step, plus the adapters' weight sync and the kill-and-resume."""
+def primerl_checks(
+    run: dict[str, Any], max_steps: int, max_off_policy_steps: int
+) -> dict[str, bool]:
+    """The async GRPO checks: prime-rl's orchestrator bounds the lag (``max_off_policy_steps``),
+    so what is checked is what it observed per step, plus the adapters' weight sync, the
+    reconnect after a backend kill (when the run had one) and the kill-and-resume."""
     summary = run["summary"]
     lags = run["off_policy_max_per_step"]
     kinds = [e["event"] for e in run["events"]]
@@ -64,8 +47,7 @@ def primerl_checks(run: dict[str, Any], max_steps: int, lag: LagConfig) -> dict[
     return {
         **learning_checks(summary),
         "lag_observed_every_step": len(observed) == len(lags) == max_steps,
-        "lag_within_max_off_policy_steps": bool(observed)
-        and max(observed) <= lag.max_off_policy_steps,
+        "lag_within_max_off_policy_steps": bool(observed) and max(observed) <= max_off_policy_steps,
         "sampling_ran_ahead": bool(observed) and max(observed) >= 1,
         "rollouts_overlapped_training": summary["overlap_fraction"] > 0.0,
         "every_step_once_in_order": run["steps_logged"] == list(range(1, max_steps + 1)),
@@ -73,6 +55,11 @@ def primerl_checks(run: dict[str, Any], max_steps: int, lag: LagConfig) -> dict[
         # from once the last batch has shipped) was applied to a sampler.
         "weight_sync_every_step": summary["published_versions"] == list(range(max_steps + 1))
         and set(range(max(max_steps - 1, 0))) <= set(summary["applied_versions"]),
+        **(
+            {"reconnected_after_backend_kill": run["reconnected_in_process"]}
+            if "backend killed" in kinds
+            else {}
+        ),
         "resumed_after_process_kill": "training killed" in kinds
         and summary["resumed_from_step"] is not None,
     }

@@ -1,8 +1,9 @@
 """GRPO profiles (checked-in JSON) for the synchronous and asynchronous math journeys.
 
 Field names follow prime-rl where it has one (``batch_size`` = rollouts per step,
-``group_size``, ``max_steps``, ``max_async_level``, ``max_off_policy_steps``,
-``ckpt.interval``, ``eval.interval``); docs/async-grpo.md maps them one by one. The typed
+``group_size``, ``max_steps``, ``max_off_policy_steps``, ``ckpt.interval``, ``eval.interval``);
+docs/async-grpo.md maps them one by one. A profile is asynchronous (the async GRPO journey, on
+prime-rl's orchestrator) when it sets ``orchestrator.max_off_policy_steps``. The typed
 layer is :mod:`cortex_recipes.profiles`; ``trainer.learning_rate=1e-4`` and the like
 override any field from the command line.
 """
@@ -15,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cortex_recipes import profiles
-from cortex_recipes.profiles import ProfileError, setting
-from cortex_recipes.rl.policy_lag import LagConfig, LagConfigError
+from cortex_recipes.profiles import setting
 from cortex_recipes.sub_jobs import batch_problem, journey_sub_jobs
 
 WEIGHT_FORMATS = ("hf", "lora")
@@ -59,21 +59,21 @@ class Sampling:
 
 @dataclass(frozen=True)
 class Orchestrator:
-    """Rollouts per step and, for the async journey, how far sampling may run ahead."""
+    """Rollouts per step and, for the async journey, prime-rl's bound on policy lag."""
 
     batch_size: int = setting(
         gt=0, doc="rollouts per optimiser step, all groups and GPUs together (the global batch)"
     )
     group_size: int = setting(ge=2, doc="rollouts per problem (group-relative advantages)")
     sampling: Sampling = setting(doc="sampling parameters")
-    max_async_level: int | None = setting(
-        None, ge=0, doc="async only: how many policy versions sampling may run ahead"
-    )
     max_off_policy_steps: int | None = setting(
-        None, ge=0, doc="async only: drop rollouts older than this many versions"
+        None,
+        ge=0,
+        doc="async only (prime-rl's orchestrator): rollouts more than this many policy versions "
+        "behind the trainer are cancelled or dropped",
     )
     max_inflight_groups: int | None = setting(
-        None, ge=1, doc="async only: groups in flight (default 2 x groups per step)"
+        None, ge=1, doc="async only: groups in flight (prime-rl's fixed concurrency; default 1)"
     )
 
     def check(self) -> str | None:
@@ -82,14 +82,10 @@ class Orchestrator:
                 f"batch_size={self.batch_size} must be a multiple of "
                 f"orchestrator.group_size={self.group_size}"
             )
-        present = [
-            k for k in ("max_async_level", "max_off_policy_steps", "max_inflight_groups")
-            if getattr(self, k) is not None
-        ]  # fmt: skip
-        if present and not {"max_async_level", "max_off_policy_steps"} <= set(present):
+        if self.max_inflight_groups is not None and self.max_off_policy_steps is None:
             return (
-                "an asynchronous profile sets both max_async_level and max_off_policy_steps; "
-                f"got only {present}"
+                f"max_inflight_groups={self.max_inflight_groups} is an async setting: an "
+                "asynchronous profile sets orchestrator.max_off_policy_steps"
             )
         return None
 
@@ -179,20 +175,11 @@ class GRPOProfile:
 
     @property
     def is_async(self) -> bool:
-        return self.orchestrator.max_async_level is not None
+        return self.orchestrator.max_off_policy_steps is not None
 
     @property
     def eval_max_tokens(self) -> int:
         return self.eval.max_tokens or self.orchestrator.sampling.max_tokens
-
-    def lag_config(self) -> LagConfig:
-        o = self.orchestrator
-        return LagConfig(
-            groups_per_step=self.groups_per_step,
-            max_async_level=o.max_async_level,
-            max_off_policy_steps=o.max_off_policy_steps,
-            max_inflight_groups=o.max_inflight_groups or 2 * self.groups_per_step,
-        )
 
     def sampling_params(self) -> dict[str, Any]:
         s = self.orchestrator.sampling
@@ -239,10 +226,4 @@ def load_grpo_profile(path: str | Path, overrides: Sequence[str] = ()) -> GRPOPr
     """The typed profile in ``path``, with ``key=value`` ``overrides`` applied."""
     path = Path(path)
     profile, raw = profiles.load(GRPOProfile, path, overrides)
-    profile = replace(profile, path=path, raw=raw)
-    if profile.is_async:
-        try:
-            profile.lag_config()
-        except LagConfigError as exc:
-            raise ProfileError(f"{path}: orchestrator.{exc}") from exc
-    return profile
+    return replace(profile, path=path, raw=raw)

@@ -5,9 +5,9 @@ PYTHONPATH (``cortex_recipes.primerl.journey`` puts it there). It runs only insi
 own environment, never in this project's. The problems come from ``tasks_path``, a JSONL file
 of ``{"prompt", "answer", "partial_credit"}`` that the journey writes from the profile's
 reasoning-gym dataset (``primerl/tasks.jsonl`` in the run): the same problems and prompts the
-builtin runner trains on and the greedy eval uses. Reward: the builtin runner's training reward
-(``scoring.py``): the reply's first integer against the answer, with reasoning-gym's partial
-credit where the builtin runner gives it. The greedy eval counts only exact answers. A reply
+synchronous Math GRPO example trains on and the greedy eval uses. Reward: Math GRPO's training
+reward (``scoring.py``): the reply's first integer against the answer, with reasoning-gym's
+partial credit where Math GRPO gives it. The greedy eval counts only exact answers. A reply
 such as "8 + 3 = 11" scores 0 under both; a taskset that scored the last integer taught exactly
 that format, which the eval then failed.
 """

@@ -1,12 +1,12 @@
 """The ``cortex-arith`` reward, kept free of verifiers imports so this project's tests can check
-it against the builtin runner's scorer (``cortex_recipes.envs.math``) without prime-rl.
+it against Math GRPO's scorer (``cortex_recipes.envs.math``) without prime-rl.
 
-The builtin runner trains on ``env.score``: for reasoning-gym problems that is the dataset's
+The synchronous Math GRPO example trains on ``env.score``: for reasoning-gym problems that is the dataset's
 ``score_answer`` applied to the reply's first integer, 1.0 for the exact answer and
 ``len(answer) / len(integer)`` when the answer is a substring of that integer (partial credit);
 for a task file (``env.tasks``), 1.0 for the exact answer and 0.0 otherwise. Each line of
 ``tasks.jsonl`` says which rule applies (``partial_credit``), so prime-rl's orchestrator trains
-on exactly the reward the builtin runner trains on.
+on exactly the reward Math GRPO trains on.
 """
 
 import re
