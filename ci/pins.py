@@ -59,6 +59,12 @@ def _logical_lines(text: str) -> list[str]:
     return lines
 
 
+# A journey image this repository builds itself (ci/images.py tags it ``cortex/<journey>:pinned``)
+# may be the base of another Dockerfile here (docker/primerl.Dockerfile); it has no registry
+# digest, and its own inputs are pinned by the checks above.
+LOCAL_JOURNEY_IMAGE = re.compile(r"(localhost/)?cortex/[a-z_]+:pinned")
+
+
 def check_dockerfile(path: Path, root: Path) -> list[str]:
     where = _rel(path, root)
     problems = []
@@ -82,6 +88,8 @@ def check_dockerfile(path: Path, root: Path) -> list[str]:
                 stages.add(parts[2])
             if image in stages or image == "scratch":
                 continue
+            if LOCAL_JOURNEY_IMAGE.fullmatch(image):
+                continue  # this project's own journey image, built from pinned inputs (ci/images.py)
             if "$" in image:
                 problems.append(f"{where}: FROM {parts[0]} has no pinned default for {image}")
             elif not DIGEST.search(image):
@@ -217,7 +225,8 @@ def check_flake(flake_nix: Path, flake_lock: Path, root: Path) -> list[str]:
 
 def check_repository(root: Path) -> list[str]:
     problems = []
-    for dockerfile in sorted(root.glob("docker/**/Dockerfile*")) + sorted(root.glob("Dockerfile*")):
+    dockerfiles = {*root.glob("docker/**/Dockerfile*"), *root.glob("docker/**/*.Dockerfile")}
+    for dockerfile in sorted(dockerfiles) + sorted(root.glob("Dockerfile*")):
         problems += check_dockerfile(dockerfile, root)
     if (root / "pyproject.toml").exists():
         problems += check_pyproject(root / "pyproject.toml", root)

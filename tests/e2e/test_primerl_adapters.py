@@ -437,3 +437,72 @@ def test_trainer_adapter_trains_on_prime_rl_rollout_files(client, job, tmp_path)
     assert [first["samples"], second["samples"]] == [4, 4]
     assert first["trainable_tokens"] > 0 and first["loss"] is not None
     assert broadcasts.published_versions(tmp_path) == [0, 1, 2]
+
+
+LORA = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}
+
+
+def test_load_lora_adapter_gives_the_sampler_exactly_the_published_lora_version(client, tmp_path):
+    """prime-rl's LoRA mode updates the server with ``/load_lora_adapter`` (``lora_name``,
+    ``lora_path`` = the version's broadcast folder) instead of ``/update_weights``: the sampler
+    must then hold exactly that version's adapter (checked against a fresh LoRA sampler loaded
+    from its checkpoint), the name is served in ``/v1/models``, and a bad call is refused."""
+    job = start(client, [training(lr=5e-2, lora=LORA), inference(lora=LORA)])
+    try:
+        adapter = InferenceAdapter(
+            client, job, model=TINY, max_model_len=MAX_MODEL_LEN, output_dir=tmp_path,
+            weight_format="lora",
+        )  # fmt: skip
+        gateway = Gateway(adapter.app)
+        trainer = TrainerAdapter(
+            client,
+            TrainerAdapterConfig(
+                output_dir=tmp_path, job_id=job, max_steps=1, pad_id=0, poll_s=0.05
+            ),
+        )
+        with gateway:
+            base = root(gateway)
+            base_ids, base_lps = probe(gateway)
+            assert trainer.start() == 0
+            rollout_file(gateway, tmp_path, 1, seed=10)
+            trainer.train_step(1)
+            bad = requests.post(f"{base}/load_lora_adapter", json={"lora_path": "x"}, timeout=60)
+            assert bad.status_code == 400 and "lora_name=None" in bad.json()["error"]
+            weight_dir = broadcasts.version_dir(tmp_path, 1)
+            assert requests.post(f"{base}/pause", params={"mode": "keep"}).ok
+            try:
+                (weight_dir / "NCCL_READY").touch()
+                loaded = requests.post(
+                    f"{base}/load_lora_adapter",
+                    json={"lora_name": "r-1", "lora_path": str(weight_dir)},
+                    timeout=300,
+                )
+            finally:
+                assert requests.post(f"{base}/resume").ok
+            assert loaded.status_code == 200 and loaded.json() == {"version": 1, "synced": True}
+            models = requests.get(f"{base}/v1/models", timeout=60).json()["data"]
+            assert "r-1" in [m["id"] for m in models]
+            v1_ids, v1_lps = probe(gateway)
+        assert v1_lps != base_lps
+        manifest = broadcasts.read_manifest(weight_dir)
+        source = {"checkpoint_id": manifest["checkpoint_id"], "source_job_id": job}
+        fresh = start(client, [inference(lora=LORA, source=source)])
+        try:
+            fresh_gateway = Gateway(
+                InferenceAdapter(
+                    client,
+                    fresh,
+                    model=TINY,
+                    max_model_len=MAX_MODEL_LEN,
+                    output_dir=tmp_path / "fresh",
+                    weight_format="lora",
+                ).app  # fmt: skip
+            )
+            with fresh_gateway:
+                fresh_ids, fresh_lps = probe(fresh_gateway)
+        finally:
+            client.cancel_job(fresh)
+        assert fresh_ids == v1_ids
+        assert fresh_lps == pytest.approx(v1_lps, abs=1e-5)
+    finally:
+        client.cancel_job(job)

@@ -39,6 +39,21 @@ def test_unpinned_from_is_caught_also_through_arg_defaults(tmp_path):
     assert "no pinned default" in _dockerfile(tmp_path, "ARG BASE\nFROM ${BASE}\n")[0]
 
 
+def test_only_this_projects_own_pinned_journey_image_may_be_a_base_without_a_digest(tmp_path):
+    assert _dockerfile(tmp_path, "ARG GRPO_IMAGE=cortex/grpo:pinned\nFROM ${GRPO_IMAGE}\n") == []
+    assert _dockerfile(tmp_path, "FROM localhost/cortex/grpo:pinned\n") == []
+    for image in ("cortex/grpo:0.1.0", "docker.io/cortex/grpo:pinned", "evil/cortex/grpo:pinned"):
+        assert _dockerfile(tmp_path, f"FROM {image}\n") == [
+            f"Dockerfile: FROM {image} is not pinned by @sha256 digest"
+        ], image
+    # and *.Dockerfile files under docker/ are checked too
+    (tmp_path / "docker").mkdir()
+    (tmp_path / "docker" / "extra.Dockerfile").write_text("FROM python:3.12\n")
+    assert "docker/extra.Dockerfile: FROM python:3.12 is not pinned by @sha256 digest" in (
+        pins.check_repository(tmp_path)
+    )
+
+
 def test_mutable_references_in_a_dockerfile_are_caught(tmp_path):
     found = _dockerfile(
         tmp_path,

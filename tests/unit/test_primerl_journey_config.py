@@ -280,3 +280,45 @@ def test_the_last_prime_rl_record_carries_the_eval_it_ran_first(tmp_path):
     assert run.records[0]["reward/mean"] == 0.5 and run.records[0]["off_policy/max"] == 1
     recorder({"step": 2, "loss": 0.2})
     assert calls == ["eval"] and run.records[1]["eval/accuracy"] == 0.75
+
+
+def test_a_backend_that_stops_answering_twice_stops_the_wait_with_its_error():
+    """With the backend gone prime-rl's orchestrator retries for ever and the trainer adapter
+    waits for a batch that cannot come: the journey's wait must notice by itself."""
+    import subprocess
+    import sys
+
+    import requests
+
+    lost = requests.exceptions.ConnectionError("refused")
+    answers = iter([None, lost, None, lost, lost])
+    failures: list = []
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        got = journey._wait(
+            sleeper, failures, 60.0, backend_check=lambda: next(answers), check_every_s=0.0
+        )
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert got is None and failures == [lost]  # one miss is forgiven, two in a row are not
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert journey._wait(done, [], 60.0, backend_check=lambda: None) == 0
+
+
+def test_backend_lost_reports_only_recoverable_errors():
+    import requests
+
+    class Client:
+        def __init__(self, exc):
+            self.exc = exc
+
+        def get_job(self, job_id):
+            if self.exc:
+                raise self.exc
+            return {"job_id": job_id}
+
+    refused = requests.exceptions.ConnectionError("refused")
+    assert journey.backend_lost(Client(refused), "job-1") is refused
+    assert journey.backend_lost(Client(ValueError("bad job id")), "job-1") is None
+    assert journey.backend_lost(Client(None), "job-1") is None

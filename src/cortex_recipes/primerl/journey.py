@@ -506,7 +506,10 @@ def _train(client, profile, run, *, prime: Path, work: Path, output_dir: Path, m
                     marker=str(work),
                 )  # fmt: skip
                 try:
-                    returncode = _wait(orchestrator, failures, timeout_s)
+                    returncode = _wait(
+                        orchestrator, failures, timeout_s,
+                        backend_check=lambda: backend_lost(client, job_id),
+                    )  # fmt: skip
                 finally:
                     if orchestrator.poll() is None:
                         orchestrator.kill()
@@ -546,10 +549,23 @@ def backend_lost(client, job_id: str) -> BaseException | None:
     return None
 
 
-def _wait(process: subprocess.Popen, failures: list, timeout_s: float) -> int | None:
-    """The orchestrator's exit status; None when the trainer adapter failed first (the caller
-    then stops the orchestrator). Raises ``TimeoutError`` after ``timeout_s``."""
+BACKEND_CHECK_S = 15.0  # how often the journey asks the backend whether it is still there
+
+
+def _wait(process: subprocess.Popen, failures: list, timeout_s: float,
+          backend_check=None, check_every_s: float = BACKEND_CHECK_S) -> int | None:  # fmt: skip
+    """The orchestrator's exit status; None when the trainer adapter failed first or the backend
+    was lost (the caller then stops the orchestrator). Raises ``TimeoutError`` after
+    ``timeout_s``.
+
+    ``backend_check`` (returns the recoverable error a backend call gives now, or None) runs
+    every ``check_every_s``: with the backend gone, prime-rl's orchestrator retries its
+    rollouts for ever and the trainer adapter waits for a batch that cannot come, so nothing
+    else would notice. Two failed checks in a row count as lost: the error goes to ``failures``
+    and the journey reconnects."""
     deadline = time.monotonic() + timeout_s
+    next_check = time.monotonic() + check_every_s
+    missed = 0
     while not failures:
         try:
             return process.wait(timeout=1.0)
@@ -558,4 +574,11 @@ def _wait(process: subprocess.Popen, failures: list, timeout_s: float) -> int | 
                 raise TimeoutError(
                     f"prime-rl's orchestrator did not finish in {timeout_s:.0f} s"
                 ) from None
+        if backend_check is not None and time.monotonic() >= next_check:
+            lost = backend_check()
+            missed = missed + 1 if lost is not None else 0
+            if missed >= 2:
+                log.warning("the backend is not answering (%s: %s)", type(lost).__name__, lost)
+                failures.append(lost)
+            next_check = time.monotonic() + check_every_s
     return None
