@@ -83,6 +83,23 @@ def probe(gateway):
     return generate(gateway, PROBE, temperature=0.0, max_tokens=4, seed=0)
 
 
+def fresh_probe(client, job_id, version_dir, output_dir, lora=None):
+    """:func:`probe` on a new sampler loaded from the checkpoint a published version names:
+    what that version's weights say, independently of the adapter that synced them."""
+    manifest = broadcasts.read_manifest(version_dir)
+    source = {"checkpoint_id": manifest["checkpoint_id"], "source_job_id": job_id}
+    fresh = start(client, [inference(lora=lora, source=source)])
+    try:
+        adapter = InferenceAdapter(
+            client, fresh, model=TINY, max_model_len=MAX_MODEL_LEN, output_dir=output_dir,
+            weight_format="lora" if lora else "hf",
+        )  # fmt: skip
+        with Gateway(adapter.app) as gateway:
+            return probe(gateway)
+    finally:
+        client.cancel_job(fresh)
+
+
 def rollout_file(gateway, output_dir, step, seed):
     """Two samples from the sampler as prime-rl would ship them (advantages +1 and -1)."""
     ids, mask, adv, lps, pos, lengths = [], [], [], [], [], []
@@ -326,15 +343,8 @@ def test_sampler_gets_exactly_each_version_even_when_the_next_batch_arrives_firs
         v2_lps = probe(gateway)[1]
 
     assert v1_lps != base_lps and v2_lps != v1_lps  # each step changed the weights
-    manifest = broadcasts.read_manifest(broadcasts.version_dir(tmp_path, 1))
-    source = {"checkpoint_id": manifest["checkpoint_id"], "source_job_id": job}
-    fresh = start(client, [inference(source=source)])
-    try:
-        _, fresh_gateway = serve(client, fresh, tmp_path / "fresh")
-        with fresh_gateway:
-            fresh_ids, fresh_lps = probe(fresh_gateway)
-    finally:
-        client.cancel_job(fresh)
+    version_1 = broadcasts.version_dir(tmp_path, 1)
+    fresh_ids, fresh_lps = fresh_probe(client, job, version_1, tmp_path / "fresh")
     assert fresh_ids == v1_ids
     assert fresh_lps == pytest.approx(v1_lps, abs=1e-5)
     records = [
@@ -484,24 +494,7 @@ def test_load_lora_adapter_gives_the_sampler_exactly_the_published_lora_version(
             assert "r-1" in [m["id"] for m in models]
             v1_ids, v1_lps = probe(gateway)
         assert v1_lps != base_lps
-        manifest = broadcasts.read_manifest(weight_dir)
-        source = {"checkpoint_id": manifest["checkpoint_id"], "source_job_id": job}
-        fresh = start(client, [inference(lora=LORA, source=source)])
-        try:
-            fresh_gateway = Gateway(
-                InferenceAdapter(
-                    client,
-                    fresh,
-                    model=TINY,
-                    max_model_len=MAX_MODEL_LEN,
-                    output_dir=tmp_path / "fresh",
-                    weight_format="lora",
-                ).app  # fmt: skip
-            )
-            with fresh_gateway:
-                fresh_ids, fresh_lps = probe(fresh_gateway)
-        finally:
-            client.cancel_job(fresh)
+        fresh_ids, fresh_lps = fresh_probe(client, job, weight_dir, tmp_path / "fresh", LORA)
         assert fresh_ids == v1_ids
         assert fresh_lps == pytest.approx(v1_lps, abs=1e-5)
     finally:
