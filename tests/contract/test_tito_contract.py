@@ -33,6 +33,7 @@ from cortex_recipes.envs.glossary import (
     GlossaryConfig,
     GlossaryTaskset,
     GlossaryToolset,
+    GlossaryToolsetConfig,
     tool_specs,
 )
 from cortex_recipes.models import resolve_model_path
@@ -123,7 +124,7 @@ def spy(monkeypatch, tokenizer_path):
 
 def play(tokenizer_path, sampler, *, entity="ada lovelace", max_model_len=1024, max_tokens=64):
     tasks = {t.data.name.lower(): t for t in GlossaryTaskset(GlossaryConfig()).load()}
-    toolset = GlossaryToolset(vf.ToolsetConfig())
+    toolset = GlossaryToolset(GlossaryToolsetConfig())
     app = create_gateway_app(sampler, model=MODEL, max_model_len=max_model_len)
     with Gateway(app) as gateway:
         import os
@@ -244,14 +245,18 @@ def test_templates_that_cannot_extend_turns_are_rejected(tokenizer):
     from renderers import create_renderer
     from renderers.configs import DefaultRendererConfig
 
-    tools = wire_tools(tool_specs(GlossaryToolset(vf.ToolsetConfig())))
+    tools = wire_tools(tool_specs(GlossaryToolset(GlossaryToolsetConfig())))
     ok = check_linear_history(
-        make_renderer(tokenizer, "qwen3"), demonstration("ada lovelace"), tools
+        make_renderer(tokenizer, "qwen3"),
+        demonstration("ada lovelace", FACTS["ada lovelace"]),
+        tools,
     )
     assert ok["turns"] == 2
     chat_template = create_renderer(tokenizer, DefaultRendererConfig(tool_parser="qwen3"))
     with pytest.raises(TemplateExtensionError, match="cannot bridge to assistant message 3"):
-        check_linear_history(chat_template, demonstration("ada lovelace"), tools)
+        check_linear_history(
+            chat_template, demonstration("ada lovelace", FACTS["ada lovelace"]), tools
+        )
 
 
 def test_a_turn_that_rewrites_history_is_rejected_naming_it():

@@ -185,13 +185,14 @@ def test_verifiers_train_client_runs_an_episode_through_the_adapter(client, job,
         GlossaryConfig,
         GlossaryTaskset,
         GlossaryToolset,
+        GlossaryToolsetConfig,
         tool_specs,
     )
     from cortex_recipes.tito.episode import run_episode
 
     adapter, gateway = serve(client, job, tmp_path)
     task = GlossaryTaskset(GlossaryConfig()).load()[0]
-    toolset = GlossaryToolset(vf.ToolsetConfig())
+    toolset = GlossaryToolset(GlossaryToolsetConfig())
     os.environ.setdefault("CORTEX_PRIMERL_ADAPTER_KEY", "local")
     with gateway:
         train_client = resolve_client(

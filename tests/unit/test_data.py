@@ -225,3 +225,65 @@ def test_a_grpo_task_file_with_too_few_rows_or_a_bad_answer_is_refused(tmp_path)
         load_grpo_profile(GRPO_CONFIG, [f"env.tasks={no_question}", "env.size=1"]).envs()
     with pytest.raises(DataError, match=r"eval.tasks='hub:a/b' has no revision"):
         load_grpo_profile(GRPO_CONFIG, ["eval.tasks=hub:a/b"]).envs()
+
+
+TITO_CONFIG = ROOT / "recipes" / "agentic" / "tito" / "configs" / "local-cpu-tiny-qwen3.json"
+
+
+def test_the_tito_glossary_loads_through_datasets_and_drives_tasks_and_tool(tmp_path):
+    pytest.importorskip("verifiers")
+    import verifiers.v1 as vf  # noqa: F401
+
+    from cortex_recipes.envs.glossary import (
+        FACTS,
+        NOT_FOUND,
+        GlossaryTaskset,
+        GlossaryToolset,
+        call_tool,
+        glossary_config,
+        load_facts,
+    )
+    from cortex_recipes.tito.profile import load_tito_profile
+
+    default = load_tito_profile(TITO_CONFIG)
+    assert load_facts("tasks", default.tasks, default.recipe_dir) == FACTS  # the checked-in file
+    rows = [{"name": "Hedy  Lamarr", "fact": "co-invented frequency hopping "},
+            {"name": "Katherine Johnson", "fact": "computed Apollo trajectories"}]  # fmt: skip
+    parquet = write_parquet(tmp_path / "glossary.parquet", rows)
+    profile = load_tito_profile(TITO_CONFIG, [f"tasks={parquet}"])
+    facts = load_facts("tasks", profile.tasks, profile.recipe_dir)
+    assert facts == {
+        "hedy lamarr": "co-invented frequency hopping",
+        "katherine johnson": "computed Apollo trajectories",
+    }
+    config = glossary_config(facts)
+    tasks = GlossaryTaskset(config).load()
+    assert [(t.data.name, t.data.answer) for t in tasks] == [
+        ("Hedy Lamarr", "co-invented frequency hopping"),
+        ("Katherine Johnson", "computed Apollo trajectories"),
+    ]
+    assert "Hedy Lamarr" in tasks[0].data.prompt
+    toolset = GlossaryToolset(config.task.tools)
+    assert call_tool(toolset, "facts_lookup", {"name": " katherine JOHNSON"}) == (
+        "computed Apollo trajectories"
+    )
+    assert call_tool(toolset, "facts_lookup", {"name": "Ada Lovelace"}) == NOT_FOUND
+
+
+def test_a_tito_glossary_with_a_repeated_name_or_a_missing_column_is_refused(tmp_path):
+    pytest.importorskip("verifiers")
+    from cortex_recipes.envs.glossary import load_facts
+
+    twice = write_jsonl(tmp_path / "twice.jsonl", [
+        {"name": "Ada Lovelace", "fact": "a"}, {"name": "ada  lovelace", "fact": "b"},
+    ])  # fmt: skip
+    with pytest.raises(DataError, match=r"row 2 column 'name' = 'ada  lovelace' repeats row 1"):
+        load_facts("tasks", str(twice), tmp_path)
+    no_fact = write_jsonl(tmp_path / "nofact.jsonl", [{"name": "Ada Lovelace", "answer": "a"}])
+    with pytest.raises(DataError, match=r"tasks=.*no column 'fact'"):
+        load_facts("tasks", str(no_fact), tmp_path)
+    blank = write_jsonl(tmp_path / "blank.jsonl", [{"name": "Ada Lovelace", "fact": " "}])
+    with pytest.raises(DataError, match=r"row 1 column 'fact' = ' ' is not a non-empty string"):
+        load_facts("tasks", str(blank), tmp_path)
+    with pytest.raises(DataError, match=r"tasks='missing.jsonl': .* does not exist"):
+        load_facts("tasks", "missing.jsonl", tmp_path)

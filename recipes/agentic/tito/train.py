@@ -32,9 +32,10 @@ from verifiers.v1.configs.client import TrainClientConfig
 
 from cortex_recipes import completions, frames, profiles, progress
 from cortex_recipes.envs.glossary import (
-    GlossaryConfig,
     GlossaryTaskset,
     GlossaryToolset,
+    glossary_config,
+    load_facts,
     tool_specs,
 )
 from cortex_recipes.models import load_tokenizer, resolve_model_path
@@ -76,11 +77,13 @@ def main(config: Config) -> dict:
 
     tokenizer = load_tokenizer(profile.model)
     renderer = make_renderer(tokenizer, profile.renderer)
-    toolset = GlossaryToolset(vf.ToolsetConfig())
+    facts = load_facts("tasks", profile.tasks, profile.recipe_dir)
+    glossary = glossary_config(facts)
+    toolset = GlossaryToolset(glossary.task.tools)
     tools = tool_specs(toolset)
-    tasks = GlossaryTaskset(GlossaryConfig()).load()
+    tasks = GlossaryTaskset(glossary).load()
     history_check = check_linear_history(
-        renderer, demonstration("ada lovelace"), wire_tools(tools)
+        renderer, demonstration(*next(iter(facts.items()))), wire_tools(tools)
     )  # before any training: refuse templates that cannot extend turns exactly
     pad_id = frames.pad_id(tokenizer)
     rl_steps = config.rl_steps or profile.rl.steps
@@ -97,7 +100,7 @@ def main(config: Config) -> dict:
         else:
             state = {
                 "warm_start": warm_start(
-                    trainer, profile, config, tokenizer, renderer, tools, pad_id
+                    trainer, profile, config, tokenizer, renderer, tools, facts, pad_id
                 )
             }
             trainer.sync()
@@ -233,10 +236,10 @@ def greedy_eval(play, tasks: list, seed: int) -> dict:
     }
 
 
-def warm_start(trainer, profile, config, tokenizer, renderer, tools, pad_id) -> dict:
+def warm_start(trainer, profile, config, tokenizer, renderer, tools, facts, pad_id) -> dict:
     """SFT on the demonstrations (causal_cross_entropy), seeded batches, as the SFT journey."""
     steps = config.warm_start_steps if config.warm_start_steps >= 0 else profile.warm_start.steps
-    examples = demonstrations(tokenizer, renderer, tools)
+    examples = demonstrations(tokenizer, renderer, tools, facts)
     rng = random.Random(profile.seed)
     losses = []
     for step in progress.bar(range(1, steps + 1), desc="tito warm start"):

@@ -4,7 +4,7 @@ Provenance: verifiers' ``environments/glossary`` (PrimeIntellect-ai/verifiers, p
 recipes/agentic/tito/recipe.yaml) is git-only, so its *contract* is mirrored here, not its code
 or data:
 
-- five entities, each with one fact;
+- entities, each with one fact (this project's five by default, or a task file's rows);
 - one function tool, ``facts_lookup(name: str) -> str``, which returns the entity's fact
   (case- and whitespace-insensitive) or ``"no entry found"``;
 - a prompt that asks the model to look the entity up and reply with exactly what the tool
@@ -13,7 +13,10 @@ or data:
 - the reward ``looked_up``: 1.0 when the fact appears (case-insensitively) in the last
   assistant reply, else 0.0.
 
-The entities and facts below are this project's own. The classes are real verifiers v1
+The default entities and facts below are this project's own, checked in as
+``recipes/agentic/tito/data/glossary.jsonl``; a profile's ``tasks`` names any file or pinned Hub
+dataset with ``name`` and ``fact`` columns, loaded through ``datasets`` (:func:`load_facts`).
+The classes are real verifiers v1
 objects (``vf.Taskset``, ``vf.Task``, ``vf.Toolset`` with ``@vf.tool``, ``@vf.reward``), so the
 taskset could run under a verifiers ``Env``; the TITO journey drives the same tool and reward
 directly, turn by turn, through the ``TrainClient``.
@@ -22,6 +25,7 @@ directly, turn by turn, through the ``TrainClient``.
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Any
 
 import verifiers.v1 as vf
@@ -46,17 +50,27 @@ def prompt_for(entity: str) -> str:
     )
 
 
-class GlossaryToolset(vf.Toolset[vf.ToolsetConfig]):
+def entity_key(name: str) -> str:
+    """The lookup key of an entity name: case- and whitespace-insensitive."""
+    return " ".join(name.split()).lower()
+
+
+class GlossaryToolsetConfig(vf.ToolsetConfig):
+    facts: dict[str, str] = dict(FACTS)
+    """Entity key (:func:`entity_key`) -> the fact the lookup returns."""
+
+
+class GlossaryToolset(vf.Toolset[GlossaryToolsetConfig]):
     TOOL_PREFIX = "facts"
 
     @vf.tool
     def lookup(self, name: str) -> str:
         """Look up what a person or thing is known for."""
-        return FACTS.get(name.strip().lower(), NOT_FOUND)
+        return self.config.facts.get(entity_key(name), NOT_FOUND)
 
 
 class GlossaryTaskConfig(vf.TaskConfig):
-    tools: vf.ToolsetConfig = vf.ToolsetConfig()
+    tools: GlossaryToolsetConfig = GlossaryToolsetConfig()
 
 
 class GlossaryTaskData(vf.TaskData):
@@ -87,8 +101,39 @@ class GlossaryTaskset(vf.Taskset[GlossaryTask, GlossaryConfig]):
                 ),
                 self.config.task,
             )
-            for i, (entity, fact) in enumerate(FACTS.items())
+            for i, (entity, fact) in enumerate(self.config.task.tools.facts.items())
         ]
+
+
+def glossary_config(facts: dict[str, str]) -> GlossaryConfig:
+    """The taskset config whose tasks and lookup tool both use ``facts``."""
+    return GlossaryConfig(task=GlossaryTaskConfig(tools=GlossaryToolsetConfig(facts=facts)))
+
+
+def fact_column(value: Any) -> bool:
+    """a non-empty string"""
+    return isinstance(value, str) and bool(value.strip())
+
+
+def load_facts(field: str, source: str, base_dir: Path) -> dict[str, str]:
+    """The glossary of a task file or pinned Hub dataset (``name`` and ``fact`` columns, through
+    ``datasets``), keyed by :func:`entity_key`, in row order. A name given twice is refused,
+    naming both rows."""
+    from cortex_recipes.data import DataError, load_records
+
+    rows = load_records(field, source, base_dir, {"name": fact_column, "fact": fact_column})
+    facts: dict[str, str] = {}
+    first: dict[str, int] = {}
+    for n, row in enumerate(rows, start=1):
+        key = entity_key(row["name"])
+        if key in facts:
+            raise DataError(
+                f"{field}={source!r}: row {n} column 'name' = {row['name']!r} repeats row "
+                f"{first[key]} (names are compared case- and whitespace-insensitively); each "
+                "entity needs exactly one fact"
+            )
+        facts[key], first[key] = row["fact"].strip(), n
+    return facts
 
 
 def looked_up(answer: str, last_reply: str | None) -> float:

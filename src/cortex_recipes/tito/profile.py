@@ -69,6 +69,12 @@ class TitoProfile:
     warm_start: WarmStart = setting(doc="SFT on demonstrations before RL")
     rl: RL = setting(doc="the RL phase")
     description: str = setting("", doc="what the profile is for")
+    tasks: str = setting(
+        "data/glossary.jsonl",
+        doc="the glossary: a file (.json, .jsonl, .parquet; relative to the recipe folder) or "
+        "hub:<owner>/<name>@<commit>[:<split>], with 'name' and 'fact' columns, loaded "
+        "through datasets; one task per row, the lookup tool answers from the same rows",
+    )
     dtype: str = setting("float32", doc="model dtype of the sub-jobs")
     n_gpus: int = setting(1, ge=1, doc="GPUs per sub-job (hosted semantics)")
     seed: int = setting(0, doc="seed of the tasks, the demonstrations and the sub-jobs")
@@ -84,6 +90,11 @@ class TitoProfile:
         return batch_problem(
             self.training, self.warm_start.batch_size, self.n_gpus, "warm_start.batch_size"
         )
+
+    @property
+    def recipe_dir(self) -> Path:
+        """The folder a relative ``tasks`` is read from (holds configs/)."""
+        return self.path.parent.parent.resolve()
 
     @property
     def config_hash(self) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from cortex_recipes import frames
-from cortex_recipes.envs.glossary import FACTS, TOOL_NAME, prompt_for
+from cortex_recipes.envs.glossary import TOOL_NAME, prompt_for
 from cortex_recipes.rl.grpo import group_advantages
 from cortex_recipes.supervision import TrainOnWhat, render_supervised
 from cortex_recipes.tito.episode import Episode
@@ -34,9 +34,8 @@ def wire_tools(tools) -> list[dict[str, Any]]:
     ]
 
 
-def demonstration(entity: str) -> list[dict[str, Any]]:
+def demonstration(entity: str, fact: str) -> list[dict[str, Any]]:
     """The conversation the warm-start teaches: call the tool, then answer with its result."""
-    fact = FACTS[entity]
     return [
         {"role": "user", "content": prompt_for(entity)},
         {
@@ -55,17 +54,17 @@ def demonstration(entity: str) -> list[dict[str, Any]]:
     ]
 
 
-def demonstrations(tokenizer, renderer, tools) -> list:
+def demonstrations(tokenizer, renderer, tools, facts: dict[str, str]) -> list:
     """Every entity's demonstration, rendered with the tools, weights on assistant turns."""
     return [
         render_supervised(
-            demonstration(entity),
+            demonstration(entity, fact),
             tokenizer,
             renderer,
             TrainOnWhat.ALL_ASSISTANT_MESSAGES,
             tools=wire_tools(tools),
         )
-        for entity in FACTS
+        for entity, fact in facts.items()
     ]
 
 
