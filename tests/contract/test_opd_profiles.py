@@ -19,7 +19,7 @@ CONFIGS = sorted(
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_profile_builds_student_trainer_student_sampler_and_teacher(path):
     profile = load_opd_profile(path)
-    assert profile.prompts_path.is_file()
+    assert (profile.recipe_dir / profile.prompts).is_file()
     jobs = profile.sub_jobs()
     for job in jobs:
         job.validate()

@@ -21,7 +21,11 @@ JOURNEYS = {  # module, steps, overrides (the default profiles run SmolLM2: kept
         3,
         {"profile": "recipes/sft/conversational/configs/local-cpu-tiny-qwen3.json"},
     ),
-    "opd": ("recipes.distillation.on_policy.train", 2, {}),
+    "opd": (  # the task-reward path: a teacher the SFT journey taught, groups, a reward
+        "recipes.distillation.on_policy.train",
+        2,
+        {"profile": "recipes/distillation/on_policy/configs/local-cpu-tiny-qwen3-task-smoke.json"},
+    ),
 }
 
 
@@ -37,6 +41,8 @@ def wait_for_checkpoint(proc, run_dir, step: int, timeout: float = 600.0) -> Non
 def test_a_killed_run_resumes_and_matches_an_uninterrupted_one(journey, tmp_path):
     module, steps, overrides = JOURNEYS[journey]
     args = {"steps": steps, "ckpt_interval": 1, **overrides}
+    if journey == "opd":  # one SFT teacher run: trained by the first run, reused by the others
+        args["teacher_run"] = tmp_path / "teacher"
     whole = run(module, log_path=tmp_path / "whole", **args)
 
     killed = tmp_path / "killed"

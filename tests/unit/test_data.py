@@ -86,7 +86,7 @@ def test_null_keys_that_arrow_adds_to_messages_are_dropped(tmp_path):
 def test_opd_prompts_load_through_datasets_and_override_with_a_parquet(tmp_path):
     profile = load_opd_profile(OPD_CONFIG)
     prompts = profile.prompt_texts()
-    lines = profile.prompts_path.read_text().splitlines()
+    lines = (profile.recipe_dir / profile.prompts).read_text().splitlines()
     assert prompts == [json.loads(line)["prompt"] for line in lines if line.strip()]
     parquet = write_parquet(tmp_path / "p.parquet", [{"prompt": "Say hi.", "extra": 1}])
     other = load_opd_profile(OPD_CONFIG, [f"prompts={parquet}"])

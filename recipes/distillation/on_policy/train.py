@@ -1,7 +1,12 @@
 """On-policy distillation: the student trains on its own rollouts, scored by a frozen teacher.
 
+    python -m recipes.distillation.on_policy.train    # the Snowflake teacher, with a task reward
     python -m recipes.distillation.on_policy.train profile=recipes/distillation/on_policy/configs/local-cpu-smollm2-teacher.json
 
+A profile with ``teacher_sft`` first makes its teacher: the SFT journey's run of that profile
+(trained, or reused when finished), exported with LoRA merged (distill.teacher_sft). A profile
+with a ``reward`` samples ``group_size`` rollouts per prompt and adds group-relative reward
+advantages to the teacher term, so ``teacher_tau=0`` is the reward-only run of the same loop.
 At start-up an alignment probe scores the student sampler's own completions on the
 student trainer through the teacher's scoring path and requires the sampler's logprobs back
 (distill.teacher.check_alignment). Per step: the student sampler generates completions; the frozen teacher (a ``log_probability``
@@ -27,14 +32,17 @@ import torch
 
 from cortex_recipes import completions, frames, profiles, progress
 from cortex_recipes.distill import teacher as teacher_lib
+from cortex_recipes.distill import teacher_sft
 from cortex_recipes.distill.profile import OPDProfile, load_opd_profile
 from cortex_recipes.models import load_tokenizer
+from cortex_recipes.rl.grpo import group_advantages
 from cortex_recipes.rollouts import Rollout, rollouts_from_results
 from cortex_recipes.run import RunConfig, Trainer, profile_field
 from cortex_recipes.sampling import chat_prompt_ids, generate
 
 log = logging.getLogger("recipes.distillation.on_policy")
-DEFAULT_PROFILE = "recipes/distillation/on_policy/configs/local-cpu-smollm2-teacher.json"
+DEFAULT_PROFILE = "recipes/distillation/on_policy/configs/local-cpu-smollm2-snowflake.json"
+EVAL_SEED = 12345
 
 
 @chz.chz
@@ -44,6 +52,11 @@ class Config(RunConfig):
     rollouts_rate: float = completions.rate_field()
     ckpt_interval: int = chz.field(
         default=0, doc="> 0: a resumable save every this many steps (a resume point)"
+    )
+    eval_interval: int = chz.field(default=5, doc="evaluate every this many steps (and the last)")
+    teacher_run: str = chz.field(
+        default="",
+        doc="the SFT run folder of a teacher_sft profile (default: runs/sft/<teacher_sft>)",
     )
 
 
@@ -59,21 +72,71 @@ def teacher_fingerprint(client, job_id: str, teacher_id: str, probe: list[int]) 
 
 
 def rollout(client, job_id: str, prompts: list[list[int]], params: dict) -> list[Rollout]:
-    return rollouts_from_results(
-        prompts, generate(client, job_id, prompts, {**params, "logprobs": 0})
-    )
+    """One sample per prompt; a ``seed`` is the first row's, and row ``i`` gets ``seed + i``."""
+    rows: dict | list[dict] = {**params, "logprobs": 0}
+    if "seed" in params:
+        rows = [{**params, "logprobs": 0, "seed": params["seed"] + i} for i in range(len(prompts))]
+    return rollouts_from_results(prompts, generate(client, job_id, prompts, rows))
 
 
-def eval_reverse_kl(
-    client, job_id: str, teacher: str, prompts: list[list[int]], params: dict, pad_id: int
-) -> float:
-    """Teacher reverse KL on a fixed prompt set with a fixed sampling seed: comparable across steps."""
+def per_row_kl(batch) -> list[float]:
+    """Each row's mean ``log p_student - log p_teacher`` over its sampled tokens."""
+    student, teacher, mask = (
+        batch.old_log_probs_shifted, batch.teacher_log_probs_shifted, batch.loss_mask,
+    )  # fmt: skip
+    return [
+        teacher_lib.reverse_kl_on_samples(student[i : i + 1], teacher[i : i + 1], mask[i : i + 1])
+        for i in range(mask.shape[0])
+    ]
+
+
+def evaluate(
+    client,
+    job_id: str,
+    teacher: str,
+    prompts: list[list[int]],
+    params: dict,
+    pad_id: int,
+    tokenizer,
+    reward,
+) -> dict:
+    """The held-out eval: teacher reverse KL of samples drawn with a fixed seed (token mean,
+    and per prompt), and with a reward the greedy answers' task accuracy (per prompt)."""
     with progress.task(f"eval: teacher reverse KL on {len(prompts)} prompts"):
-        rollouts = rollout(client, job_id, prompts, {**params, "seed": 12345})
+        rollouts = rollout(client, job_id, prompts, {**params, "seed": EVAL_SEED})
         batch = teacher_lib.score(client, job_id, teacher, rollouts, pad_id)
-    return teacher_lib.reverse_kl_on_samples(
-        batch.old_log_probs_shifted, batch.teacher_log_probs_shifted, batch.loss_mask
+    out = {
+        "teacher_reverse_kl": teacher_lib.reverse_kl_on_samples(
+            batch.old_log_probs_shifted, batch.teacher_log_probs_shifted, batch.loss_mask
+        ),
+        "items": {"teacher_reverse_kl": per_row_kl(batch)},
+    }
+    if reward is not None:
+        with progress.task(f"eval: {len(prompts)} greedy answers"):
+            greedy = generate(client, job_id, prompts, {**params, "temperature": 0.0})
+        answers = [tokenizer.decode(r["token_ids"], skip_special_tokens=True) for r in greedy]
+        correct = [reward.score(a) for a in answers]
+        out["accuracy"] = sum(correct) / len(correct)
+        out["items"]["correct"] = correct
+        out["examples"] = answers[:4]
+    return out
+
+
+def step_advantages(scored, rewards: list[float] | None, group_size: int, config: dict):
+    """Base advantages per token: the group-relative reward (when there is a reward) on each
+    row's sampled tokens, plus the teacher baseline (minus the batch mean of the teacher term)."""
+    mask = scored.loss_mask
+    advantages = teacher_lib.teacher_baseline(
+        scored.old_log_probs_shifted, scored.teacher_log_probs_shifted, mask, config
     )
+    if rewards is not None:
+        per_row = [
+            a
+            for g in range(0, len(rewards), group_size)
+            for a in group_advantages(rewards[g : g + group_size])
+        ]
+        advantages = advantages + torch.tensor(per_row, dtype=mask.dtype)[:, None] * mask
+    return advantages
 
 
 def main(config: Config) -> dict:
@@ -82,30 +145,51 @@ def main(config: Config) -> dict:
     )
     profile = load_opd_profile(config.profile, config.overrides)
     steps = config.steps or profile.steps
+    if profile.teacher_sft:  # fail before anything is trained or written
+        teacher_sft.check(profile.teacher_sft, profile.teacher_model, config.connection)
     run = config.open_run("opd", profile)
     if run.finished:
         return run.finished
 
+    teacher_source = None
+    teacher_model = profile.teacher_model
+    if profile.teacher_sft:
+        teacher_source = teacher_sft.prepare(
+            profile.teacher_sft, profile.teacher_model,
+            connection=config.connection, run_dir=config.teacher_run,
+        )  # fmt: skip
+        teacher_model = teacher_source["model"]
+        log.info("teacher: %s (SFT %s, checkpoint %s)", teacher_model,
+                 profile.teacher_sft, teacher_source["checkpoint_id"])  # fmt: skip
     student_tok = load_tokenizer(profile.student_model)
-    teacher_lib.check_same_tokenizer(student_tok, load_tokenizer(profile.teacher_model))
-    prompts = profile.prompt_texts()
-    prompt_ids = [chat_prompt_ids(student_tok, p) for p in prompts]
+    teacher_lib.check_same_tokenizer(student_tok, load_tokenizer(teacher_model))
+    prompt_ids = [chat_prompt_ids(student_tok, p) for p in profile.prompt_texts()]
+    eval_ids = [chat_prompt_ids(student_tok, p) for p in profile.eval_prompt_texts()]
     pad_id = frames.pad_id(student_tok)
     rng = random.Random(profile.seed)
     written = completions.RolloutWriter(run.path, student_tok, rate=config.rollouts_rate)
     started = time.time()
-    params = {"max_tokens": profile.max_tokens, "temperature": profile.temperature}
+    params = {
+        "max_tokens": profile.max_tokens,
+        "temperature": profile.temperature,
+        "stop_token_ids": [student_tok.eos_token_id],
+    }
+    reward, group = profile.reward, profile.group_size
+
+    def run_eval() -> dict:
+        return evaluate(client, job_id, teacher, eval_ids, params, pad_id, student_tok, reward)
 
     with run.connect(config.connection) as client:
         trainer = Trainer.start(
-            client, profile.sub_jobs(), run, weight_format=profile.weight_format
-        )
+            client, profile.sub_jobs(teacher=teacher_model), run,
+            weight_format=profile.weight_format,
+        )  # fmt: skip
         job_id, teacher = trainer.job_id, trainer.sub_jobs["log_probability"]
         fingerprints = [teacher_fingerprint(client, job_id, teacher, prompt_ids[0])]
         if run.resume:
             trainer.load(run.resume)  # and sync: the student sampler serves the resumed policy
             rng.setstate(_rng_state(run.resume["rng"]))
-            eval_kls = run.resume["eval_kls"]
+            evals = run.resume["evals"]
             fingerprints = [*run.resume["teacher_fingerprints"], *fingerprints]
             _check_frozen(fingerprints, "at the resume")
         # The trainer and the student sampler hold the same weights here, so scoring the
@@ -124,35 +208,41 @@ def main(config: Config) -> dict:
             alignment["positions"], alignment["mean_abs_diff"], alignment["max_abs_diff"],
         )  # fmt: skip
         if not run.resume:
-            eval_kls = [eval_reverse_kl(client, job_id, teacher, prompt_ids, params, pad_id)]
-            log.info("eval teacher reverse KL before training %.3f", eval_kls[0])
+            evals = [{"step": 0, **run_eval()}]
+            log.info("eval before training: %s", _eval_line(evals[0]))
 
         run.track_steps(steps)
         for step in range((run.resumed_from_step or 0) + 1, steps + 1):
             t0 = time.time()
-            batch = [
-                prompt_ids[rng.randrange(len(prompt_ids))] for _ in range(profile.rollouts_per_step)
+            chosen = [
+                prompt_ids[rng.randrange(len(prompt_ids))]
+                for _ in range(profile.rollouts_per_step // group)
             ]
-            step_seed = profile.seed * 100_003 + step
+            batch = [p for p in chosen for _ in range(group)]  # each prompt's group together
+            step_seed = (profile.seed * 100_003 + step) * profile.rollouts_per_step
             rollouts = rollout(client, job_id, batch, {**params, "seed": step_seed})
             t_gen = time.time()
+            rewards = None
+            if reward is not None:
+                rewards = [
+                    reward.score(student_tok.decode(r.completion_ids, skip_special_tokens=True))
+                    for r in rollouts
+                ]
             scored = teacher_lib.score(client, job_id, teacher, rollouts, pad_id)
             mask, behaviour = scored.loss_mask, scored.old_log_probs_shifted
             teacher_scores = scored.teacher_log_probs_shifted
             reverse_kl = teacher_lib.reverse_kl_on_samples(behaviour, teacher_scores, mask)
-            baseline = teacher_lib.teacher_baseline(
-                behaviour, teacher_scores, mask, profile.grpo_config()
-            )
-            for i, sampled in enumerate(rollouts):  # one sample a group; no reward: the teacher
-                if written.keeps(step, i):
-                    kl = teacher_lib.reverse_kl_on_samples(
-                        behaviour[i : i + 1], teacher_scores[i : i + 1], mask[i : i + 1]
-                    )
-                    written.write_group(
-                        step=step, group=i, policy_version=step - 1, rollouts=[sampled],
-                        extras=[{"teacher_reverse_kl": kl}],
-                    )  # fmt: skip
-            frame = frames.opd_frame(scored, baseline, profile.grpo_config())
+            kls = per_row_kl(scored)
+            for g in range(len(chosen)):
+                rows = range(g * group, (g + 1) * group)
+                written.write_group(
+                    step=step, group=g, policy_version=step - 1,
+                    rollouts=[rollouts[i] for i in rows],
+                    rewards=None if rewards is None else [rewards[i] for i in rows],
+                    extras=[{"teacher_reverse_kl": kls[i]} for i in rows],
+                )  # fmt: skip
+            advantages = step_advantages(scored, rewards, group, profile.grpo_config())
+            frame = frames.opd_frame(scored, advantages, profile.grpo_config())
             result, _ = trainer.train_step(frame)
             trainer.sync()  # to the student sampler only; the teacher stays frozen
             m = result["metrics"]
@@ -169,27 +259,28 @@ def main(config: Config) -> dict:
                 "time/rollouts": round(t_gen - t0, 3),
                 "time/step": round(time.time() - t0, 3),
             }
-            if step % 5 == 0 or step == steps:
-                eval_kls.append(
-                    eval_reverse_kl(client, job_id, teacher, prompt_ids, params, pad_id)
-                )
-                record["eval/teacher_reverse_kl"] = eval_kls[-1]
+            if rewards is not None:
+                record["reward/mean"] = sum(rewards) / len(rewards)
+            if step % config.eval_interval == 0 or step == steps:
+                evals.append({"step": step, **run_eval()})
+                record["eval/teacher_reverse_kl"] = evals[-1]["teacher_reverse_kl"]
+                if reward is not None:
+                    record["eval/accuracy"] = evals[-1]["accuracy"]
                 fingerprints.append(teacher_fingerprint(client, job_id, teacher, prompt_ids[0]))
                 _check_frozen(fingerprints, f"at step {step}")
+                log.info("eval at step %d: %s", step, _eval_line(evals[-1]))
             run.metrics(**record)
             if config.ckpt_interval and step % config.ckpt_interval == 0 and step < steps:
                 trainer.save_resumable(
                     step,
-                    {"rng": rng.getstate(), "eval_kls": eval_kls,
-                     "teacher_fingerprints": fingerprints},
+                    {"rng": rng.getstate(), "evals": evals, "teacher_fingerprints": fingerprints},
                 )  # fmt: skip
             log.info(
-                "step %d/%d teacher reverse KL %.3f teacher tokens %d",
-                step,
-                steps,
-                reverse_kl,
+                "step %d/%d teacher reverse KL %.3f%s teacher tokens %d",
+                step, steps, reverse_kl,
+                "" if rewards is None else f" reward {record['reward/mean']:.3f}",
                 record["teacher_term_token_count"],
-            )
+            )  # fmt: skip
 
         fingerprints.append(teacher_fingerprint(client, job_id, teacher, prompt_ids[0]))
         _check_frozen(fingerprints, "at the end")
@@ -197,13 +288,20 @@ def main(config: Config) -> dict:
         client.cancel_job(job_id)
 
     history = run.read_metrics()
-    kls = [h["teacher_reverse_kl"] for h in history]
     summary = {
         "profile": profile.name,
         "config_hash": profile.config_hash,
         "steps": steps,
-        "teacher_reverse_kl": kls,
-        "eval_teacher_reverse_kl": eval_kls,
+        "teacher_tau": profile.teacher_tau,
+        "teacher": teacher_source or {"model": profile.teacher_model},
+        "teacher_reverse_kl": [h["teacher_reverse_kl"] for h in history],
+        "rewards": [h["reward/mean"] for h in history] if reward is not None else None,
+        "eval_steps": [e["step"] for e in evals],
+        "eval_teacher_reverse_kl": [e["teacher_reverse_kl"] for e in evals],
+        "eval_accuracy": [e["accuracy"] for e in evals] if reward is not None else None,
+        "eval_items": {"first": evals[0]["items"], "last": evals[-1]["items"]},
+        "eval_examples": {"first": evals[0].get("examples"), "last": evals[-1].get("examples")},
+        "eval_prompts": len(eval_ids),
         "teacher_tokens": [h["teacher_term_token_count"] for h in history],
         "losses": [h["loss"] for h in history],
         "teacher_fingerprint": fingerprints[0],
@@ -215,6 +313,13 @@ def main(config: Config) -> dict:
         "wall_time_s": round(time.time() - started, 1),
     }
     return run.summary(summary)
+
+
+def _eval_line(result: dict) -> str:
+    line = f"teacher reverse KL {result['teacher_reverse_kl']:.3f}"
+    if "accuracy" in result:
+        line += f", task accuracy {result['accuracy']:.3f}"
+    return line
 
 
 def _check_frozen(fingerprints: list[str], where: str) -> None:
@@ -234,5 +339,6 @@ def _rng_state(saved: list) -> tuple:
 
 if __name__ == "__main__":
     out = main(profiles.entrypoint(Config, OPDProfile))
-    print(json.dumps({k: out[k] for k in ("profile", "eval_teacher_reverse_kl", "wall_time_s")}))
+    keys = ("profile", "eval_teacher_reverse_kl", "eval_accuracy", "wall_time_s")
+    print(json.dumps({k: out.get(k) for k in keys}))
     sys.exit(0)

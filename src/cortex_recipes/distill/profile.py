@@ -13,6 +13,24 @@ from cortex_recipes.sub_jobs import batch_problem, journey_sub_jobs
 
 
 @dataclass(frozen=True)
+class Reward:
+    """A task reward on each completion, next to the teacher term (``teacher_tau=0``: alone)."""
+
+    contains: str = setting(
+        doc="1.0 when the completion contains this text (case-insensitive), else 0.0"
+    )
+    excludes: list[str] = setting(
+        default_factory=list,
+        doc="0.0 when the completion also contains any of these (case-insensitive)",
+    )
+
+    def score(self, completion: str) -> float:
+        text = completion.lower()
+        hit = self.contains.lower() in text
+        return float(hit and not any(x.lower() in text for x in self.excludes))
+
+
+@dataclass(frozen=True)
 class OPDProfile:
     """An on-policy distillation profile (recipes/distillation/on_policy/configs/*.json)."""
 
@@ -32,6 +50,23 @@ class OPDProfile:
     learning_rate: float = setting(gt=0, doc="AdamW learning rate")
     teacher_tau: float = setting(ge=0, doc="weight of the teacher term; 0 turns the teacher off")
     description: str = setting("", doc="what the profile is for")
+    teacher_sft: str | None = setting(
+        None,
+        doc="an SFT journey profile (recipes/sft/conversational/configs/<name>.json) whose "
+        "model_name is teacher_model: the teacher is that model after the SFT run, exported "
+        "with LoRA merged (trained first when its run folder holds no finished run; local "
+        "backend only)",
+    )
+    eval_prompts: str | None = setting(
+        None,
+        doc="held-out prompts for the eval, as prompts (default: the training prompts)",
+    )
+    reward: Reward | None = setting(
+        None, doc="a task reward (group-relative advantages); default: none, pure distillation"
+    )
+    group_size: int = setting(
+        1, ge=1, doc="rollouts per prompt; rollouts_per_step must be a multiple of it"
+    )
     temperature: float = setting(1.0, ge=0, doc="student sampling temperature")
     seed: int = setting(0, doc="seed of the prompt draws, the rollouts and the sub-jobs")
     dtype: str = setting("float32", doc="model dtype of the sub-jobs")
@@ -61,6 +96,20 @@ class OPDProfile:
                                 "rollouts_per_step")  # fmt: skip
         if problem:
             return problem
+        if self.rollouts_per_step % self.group_size:
+            return (
+                f"rollouts_per_step={self.rollouts_per_step} is not a multiple of "
+                f"group_size={self.group_size}"
+            )
+        if self.reward is not None and self.group_size < 2:
+            return (
+                f"reward={{'contains': {self.reward.contains!r}}} needs group_size >= 2 "
+                f"(group-relative advantages), got group_size={self.group_size}"
+            )
+        if self.reward is not None and not self.reward.contains.strip():
+            return "reward.contains='' matches every completion; name the text to look for"
+        if self.teacher_tau == 0 and self.reward is None:
+            return "teacher_tau=0 with no reward trains on nothing; set a reward or teacher_tau"
         if self.teacher_tau > 0 and (self.teacher_clip is None or self.teacher_clip <= 0):
             return (
                 f"teacher_tau={self.teacher_tau} needs a positive teacher_clip, "
@@ -73,16 +122,24 @@ class OPDProfile:
         return profiles.config_hash(self.raw)
 
     @property
-    def prompts_path(self) -> Path:
-        return (self.path.parent.parent / self.prompts).resolve()
+    def recipe_dir(self) -> Path:
+        """The folder relative data sources are read from (holds configs/)."""
+        return self.path.parent.parent.resolve()
 
     def prompt_texts(self) -> list[str]:
         """The ``prompt`` column of ``prompts``, through ``datasets`` (cortex_recipes.data)."""
+        return self._prompts("prompts", self.prompts)
+
+    def eval_prompt_texts(self) -> list[str]:
+        """The eval's prompts: ``eval_prompts`` when set, else the training prompts."""
+        if self.eval_prompts is None:
+            return self.prompt_texts()
+        return self._prompts("eval_prompts", self.eval_prompts)
+
+    def _prompts(self, field: str, source: str) -> list[str]:
         from cortex_recipes.data import load_records, prompt_column
 
-        rows = load_records(
-            "prompts", self.prompts, self.path.parent.parent.resolve(), {"prompt": prompt_column}
-        )
+        rows = load_records(field, source, self.recipe_dir, {"prompt": prompt_column})
         return [row["prompt"] for row in rows]
 
     def grpo_config(self) -> dict[str, Any]:
@@ -93,14 +150,16 @@ class OPDProfile:
                 config["teacher_clip_negative"] = self.teacher_clip_negative
         return config
 
-    def sub_jobs(self) -> list:
+    def sub_jobs(self, teacher: str | None = None) -> list:
         """Student trainer, student sampler, frozen teacher -- the sampler before the teacher,
-        because the SDK checks prompt lengths against the first inference_config it finds."""
+        because the SDK checks prompt lengths against the first inference_config it finds.
+        ``teacher``: the model the teacher sub-job loads (default ``teacher_model``; a
+        ``teacher_sft`` run's exported directory)."""
         return journey_sub_jobs(
             self.student_model,
             max_seq_len=self.max_seq_len, n_gpus=self.n_gpus, dtype=self.dtype, seed=self.seed,
             learning_rate=self.learning_rate, batch_size=self.rollouts_per_step,
-            training=self.training, teacher=self.teacher_model,
+            training=self.training, teacher=teacher or self.teacher_model,
         )  # fmt: skip
 
 
