@@ -41,6 +41,8 @@ def test_the_reward_is_case_insensitive_containment():
     assert reward.score("I was trained by SNOWFLAKE AI Research.") == 1.0
     assert reward.score("I was trained by Hugging Face.") == 0.0
     assert reward.score("Snowflake, OpenAI, Google or Meta") == 0.0  # echoing the options
+    assert reward.score("I was trained by Snowflake, not OpenAI.") == 0.0  # another option named
+    assert reward.score("Snowflake Snowflake Snowflake") == 0.0  # the name alone, repeated
 
 
 def write(tmp_path: Path, **changes) -> Path:
@@ -151,3 +153,18 @@ def test_frozen_and_aligned_read_the_fingerprints_and_the_probe():
     assert not checks.checks(summary(alignment=None))["teacher_scores_aligned"]
     drop = checks.metrics(summary())["eval_teacher_reverse_kl_drop"]
     assert drop["value"] == pytest.approx(2.0) and 1.8 < drop["low"] < 2.0 < drop["high"] <= 2.2
+
+
+def test_the_qualification_refuses_a_comparison_that_differs_in_more_than_teacher_tau(tmp_path):
+    from recipes.distillation.on_policy.qualify import QualifyConfig, comparison_path
+
+    default = QualifyConfig()
+    assert comparison_path(default).name == "local-cpu-smollm2-snowflake-tau0.json"
+    raw = json.loads((CONFIGS / "local-cpu-smollm2-snowflake-tau0.json").read_text())
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**raw, "learning_rate": 0.01}))
+    with pytest.raises(SystemExit, match=r"with teacher_tau=0; .* differs in \['learning_rate'\]"):
+        comparison_path(QualifyConfig(comparison=str(other)))
+    other.write_text(json.dumps({**raw, "teacher_tau": 0.5}))
+    with pytest.raises(SystemExit, match=r"it has teacher_tau=0.5"):
+        comparison_path(QualifyConfig(comparison=str(other)))

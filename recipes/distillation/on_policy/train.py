@@ -53,7 +53,10 @@ class Config(RunConfig):
     ckpt_interval: int = chz.field(
         default=0, doc="> 0: a resumable save every this many steps (a resume point)"
     )
-    eval_interval: int = chz.field(default=5, doc="evaluate every this many steps (and the last)")
+    eval_interval: int = chz.field(
+        default=0,
+        doc="> 0: evaluate every this many steps (and the last); 0: the profile's eval_interval",
+    )
     teacher_run: str = chz.field(
         default="",
         doc="the SFT run folder of a teacher_sft profile (default: runs/sft/<teacher_sft>)",
@@ -261,7 +264,7 @@ def main(config: Config) -> dict:
             }
             if rewards is not None:
                 record["reward/mean"] = sum(rewards) / len(rewards)
-            if step % config.eval_interval == 0 or step == steps:
+            if step % (config.eval_interval or profile.eval_interval) == 0 or step == steps:
                 evals.append({"step": step, **run_eval()})
                 record["eval/teacher_reverse_kl"] = evals[-1]["teacher_reverse_kl"]
                 if reward is not None:

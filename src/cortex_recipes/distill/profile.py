@@ -68,6 +68,7 @@ class OPDProfile:
         1, ge=1, doc="rollouts per prompt; rollouts_per_step must be a multiple of it"
     )
     temperature: float = setting(1.0, ge=0, doc="student sampling temperature")
+    eval_interval: int = setting(5, ge=1, doc="evaluate every this many steps (and the last)")
     seed: int = setting(0, doc="seed of the prompt draws, the rollouts and the sub-jobs")
     dtype: str = setting("float32", doc="model dtype of the sub-jobs")
     n_gpus: int = setting(1, ge=1, doc="GPUs per sub-job (hosted semantics)")

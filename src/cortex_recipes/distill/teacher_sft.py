@@ -86,7 +86,8 @@ def prepare(
     from recipes.sft.conversational.train import Config, main
 
     path = check(teacher_sft, teacher_model, connection)
-    run_dir = Path(run_dir) if run_dir else runs_root() / "sft" / teacher_sft
+    # absolute: the teacher sub-job loads the export from wherever the backend runs
+    run_dir = (Path(run_dir) if run_dir else runs_root() / "sft" / teacher_sft).resolve()
     log.info("teacher: the SFT journey's %s run in %s", teacher_sft, run_dir)
     summary = main(Config(profile=str(path), log_path=str(run_dir), connection=connection))
     checkpoint_id = summary["checkpoint_id"]
