@@ -13,6 +13,12 @@ or data:
 - the reward ``looked_up``: 1.0 when the fact appears (case-insensitively) in the last
   assistant reply, else 0.0.
 
+Comparison questions (``questions`` in a TITO profile) need two lookups per episode: a row
+names ``first`` and ``second`` (both glossary entities), an ``ask`` ("Which of the two was
+founded first?") and the ``answer`` (one of the two names). The prompt asks the model to look up
+both, one call after the other, and reply with the chosen name in ``<answer></answer>`` tags; the
+reward ``named`` is 1.0 when the last reply names the answer and not the other entity.
+
 The default entities and facts below are this project's own, checked in as
 ``recipes/agentic/tito/data/glossary.jsonl``; a profile's ``tasks`` names any file or pinned Hub
 dataset with ``name`` and ``fact`` columns, loaded through ``datasets`` (:func:`load_facts`).
@@ -88,6 +94,34 @@ class GlossaryTask(vf.Task[GlossaryTaskData, vf.State, GlossaryTaskConfig]):
         return looked_up(self.data.answer, trace.last_reply)
 
 
+class CompareTaskData(vf.TaskData):
+    first: str
+    second: str
+    answer: str
+    """The name the reply must give (``first`` or ``second``)."""
+
+    @property
+    def other(self) -> str:
+        return self.second if entity_key(self.answer) == entity_key(self.first) else self.first
+
+
+class CompareTask(vf.Task[CompareTaskData, vf.State, GlossaryTaskConfig]):
+    @classmethod
+    def toolsets(cls, config: GlossaryTaskConfig) -> list[vf.Toolset]:
+        return [GlossaryToolset(config.tools)]
+
+    @vf.reward(weight=1.0)
+    async def named(self, trace: vf.Trace) -> float:
+        return named(self.data.answer, self.data.other, trace.last_reply)
+
+
+def compare_prompt(first: str, second: str, ask: str) -> str:
+    return (
+        f'Use the `{TOOL_NAME}` tool to look up "{first}" and then "{second}". {ask.strip()} '
+        "Reply with its name inside <answer></answer> tags."
+    )
+
+
 class GlossaryConfig(vf.TasksetConfig):
     task: GlossaryTaskConfig = GlossaryTaskConfig()
 
@@ -108,6 +142,31 @@ class GlossaryTaskset(vf.Taskset[GlossaryTask, GlossaryConfig]):
 def glossary_config(facts: dict[str, str]) -> GlossaryConfig:
     """The taskset config whose tasks and lookup tool both use ``facts``."""
     return GlossaryConfig(task=GlossaryTaskConfig(tools=GlossaryToolsetConfig(facts=facts)))
+
+
+def compare_tasks(config: GlossaryConfig, questions: list[dict[str, str]]) -> list[CompareTask]:
+    """One task per question (rows from :func:`load_questions`), on ``config``'s lookup tool."""
+    return [
+        CompareTask(
+            CompareTaskData(
+                idx=i,
+                name=f"{q['first']} / {q['second']}",
+                prompt=compare_prompt(q["first"], q["second"], q["ask"]),
+                first=q["first"],
+                second=q["second"],
+                answer=q["answer"],
+            ),
+            config.task,
+        )
+        for i, q in enumerate(questions)
+    ]
+
+
+def task_reward(task, last_reply: str | None) -> float:
+    """The task's reward for the episode's last reply (the same as its ``@vf.reward``)."""
+    if isinstance(task.data, CompareTaskData):
+        return named(task.data.answer, task.data.other, last_reply)
+    return looked_up(task.data.answer, last_reply)
 
 
 def fact_column(value: Any) -> bool:
@@ -134,6 +193,51 @@ def load_facts(field: str, source: str, base_dir: Path) -> dict[str, str]:
             )
         facts[key], first[key] = row["fact"].strip(), n
     return facts
+
+
+def load_questions(
+    field: str, source: str, base_dir: Path, facts: dict[str, str]
+) -> list[dict[str, str]]:
+    """Comparison questions (``first``, ``second``, ``ask``, ``answer`` columns, through
+    ``datasets``). Both names must be glossary entities, different from each other, and the
+    answer one of them; anything else is refused naming the row, the column and the value."""
+    from cortex_recipes.data import DataError, load_records
+
+    columns = {c: fact_column for c in ("first", "second", "ask", "answer")}
+    rows = load_records(field, source, base_dir, columns)
+    for n, row in enumerate(rows, start=1):
+        where = f"{field}={source!r}: row {n}"
+        for column in ("first", "second"):
+            if entity_key(row[column]) not in facts:
+                raise DataError(
+                    f"{where} column {column!r} = {row[column]!r} is not in the glossary "
+                    "(the profile's tasks); the lookup could not answer it"
+                )
+        if entity_key(row["first"]) == entity_key(row["second"]):
+            raise DataError(f"{where}: first and second are the same entity {row['first']!r}")
+        if entity_key(row["answer"]) not in (entity_key(row["first"]), entity_key(row["second"])):
+            raise DataError(
+                f"{where} column 'answer' = {row['answer']!r} is neither first "
+                f"({row['first']!r}) nor second ({row['second']!r})"
+            )
+    return [{k: str(row[k]).strip() for k in columns} for row in rows]
+
+
+def answer_text(last_reply: str | None) -> str:
+    """What the reply puts inside its last ``<answer></answer>`` tags (the whole reply if none)."""
+    text = last_reply or ""
+    start = text.rfind("<answer>")
+    if start < 0:
+        return text
+    end = text.find("</answer>", start)
+    return text[start + len("<answer>") : end if end >= 0 else len(text)]
+
+
+def named(answer: str, other: str, last_reply: str | None) -> float:
+    """The comparison reward: the answer's name, and not the other's, in the reply's answer
+    (case- and whitespace-insensitive)."""
+    given = entity_key(answer_text(last_reply))
+    return float(entity_key(answer) in given and entity_key(other) not in given)
 
 
 def looked_up(answer: str, last_reply: str | None) -> float:

@@ -26,7 +26,7 @@ from verifiers.v1.errors import ProviderError
 from verifiers.v1.graph import prepare_turn
 from verifiers.v1.trace import TraceTask
 
-from cortex_recipes.envs.glossary import call_tool, looked_up
+from cortex_recipes.envs.glossary import call_tool, task_reward
 
 
 class PrefixExtensionError(RuntimeError):
@@ -57,6 +57,10 @@ class Episode:
     @property
     def tool_turns(self) -> int:
         return sum(1 for t in self.turns if t.tool_calls)
+
+    @property
+    def tool_calls(self) -> int:
+        return sum(len(t.tool_calls) for t in self.turns)
 
 
 def new_trace(task) -> vf.Trace:
@@ -153,7 +157,7 @@ async def run_episode(
     last_reply = response.message.content if stop == "answered" else None
     episode = Episode(
         task_index=task.data.idx,
-        reward=looked_up(task.data.answer, last_reply),
+        reward=task_reward(task, last_reply),
         stop=stop,
         turns=turns,
     )

@@ -17,6 +17,8 @@ from cortex_recipes.sub_jobs import batch_problem, journey_sub_jobs
 # A renderer with a token-exact bridge between turns; chat-template rendering cannot
 # guarantee token extension.
 RENDERERS = ("qwen3",)
+# Turns waiting in a lockstep batch each hold one of the gateway's worker threads (40).
+MAX_PLAY_TOGETHER = 32
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,12 @@ class RL:
     max_tokens: int = setting(gt=0, doc="new tokens per model turn")
     temperature: float = setting(ge=0, doc="sampling temperature of the episodes")
     eps_clip: float = setting(0.2, ge=0, doc="PPO ratio clip")
+    play_together: int = setting(
+        16,
+        gt=0,
+        doc="episodes played at once, their turns sampled as one batch (at most 32: the "
+        "gateway serves that many waiting turns)",
+    )
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,22 @@ class TitoProfile:
         "hub:<owner>/<name>@<commit>[:<split>], with 'name' and 'fact' columns, loaded "
         "through datasets; one task per row, the lookup tool answers from the same rows",
     )
+    questions: str = setting(
+        "",
+        doc="comparison questions (first, second, ask, answer columns; a file or a pinned Hub "
+        "id like tasks): each episode looks up two glossary entities and names one; empty: one "
+        "lookup task per glossary row",
+    )
+    eval_questions: str = setting(
+        "",
+        doc="held-out comparison questions for the greedy eval (same columns); empty: evaluate "
+        "on the training tasks",
+    )
+    add_renderer_tokens: bool = setting(
+        False,
+        doc="run on a copy of the model with the renderer's missing special tokens added (a "
+        "ChatML model such as SmolLM2 without tool tokens; local backend only)",
+    )
     dtype: str = setting("float32", doc="model dtype of the sub-jobs")
     n_gpus: int = setting(1, ge=1, doc="GPUs per sub-job (hosted semantics)")
     seed: int = setting(0, doc="seed of the tasks, the demonstrations and the sub-jobs")
@@ -87,6 +111,13 @@ class TitoProfile:
     raw: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
 
     def check(self) -> str | None:
+        if self.rl.play_together > MAX_PLAY_TOGETHER:
+            return (
+                f"rl.play_together={self.rl.play_together} must be at most {MAX_PLAY_TOGETHER} "
+                "(the gateway serves that many waiting turns at once)"
+            )
+        if self.eval_questions and not self.questions:
+            return "eval_questions needs questions: held-out comparisons of a comparison task"
         return batch_problem(
             self.training, self.warm_start.batch_size, self.n_gpus, "warm_start.batch_size"
         )
@@ -100,9 +131,10 @@ class TitoProfile:
     def config_hash(self) -> str:
         return profiles.config_hash(self.raw)
 
-    def sub_jobs(self) -> list:
+    def sub_jobs(self, model: str | None = None) -> list:
+        """The sub-jobs, on ``model`` (a prepared copy of the profile's) when given."""
         return journey_sub_jobs(
-            self.model,
+            model or self.model,
             max_seq_len=self.max_seq_len, n_gpus=self.n_gpus, dtype=self.dtype, seed=self.seed,
             learning_rate=self.warm_start.learning_rate, batch_size=self.warm_start.batch_size,
             training=self.training,

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from cortex_recipes import frames
-from cortex_recipes.envs.glossary import TOOL_NAME, prompt_for
+from cortex_recipes.envs.glossary import TOOL_NAME, compare_prompt, entity_key, prompt_for
 from cortex_recipes.rl.grpo import group_advantages
 from cortex_recipes.supervision import TrainOnWhat, render_supervised
 from cortex_recipes.tito.episode import Episode
@@ -54,17 +54,49 @@ def demonstration(entity: str, fact: str) -> list[dict[str, Any]]:
     ]
 
 
-def demonstrations(tokenizer, renderer, tools, facts: dict[str, str]) -> list:
-    """Every entity's demonstration, rendered with the tools, weights on assistant turns."""
+def _call(k: int, name: str) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": f"call_{k}",
+                "type": "function",
+                "function": {"name": TOOL_NAME, "arguments": {"name": name}},
+            }
+        ],
+    }
+
+
+def compare_demonstration(question: dict[str, str], facts: dict[str, str]) -> list[dict[str, Any]]:
+    """A comparison: look up the first name, then the second, then answer with the chosen one."""
+    first, second = question["first"], question["second"]
+    return [
+        {"role": "user", "content": compare_prompt(first, second, question["ask"])},
+        _call(0, first),
+        {"role": "tool", "tool_call_id": "call_0", "content": facts[entity_key(first)]},
+        _call(1, second),
+        {"role": "tool", "tool_call_id": "call_1", "content": facts[entity_key(second)]},
+        {"role": "assistant", "content": f"<answer>{question['answer']}</answer>"},
+    ]
+
+
+def demonstrations(
+    tokenizer, renderer, tools, facts: dict[str, str], questions: Sequence[dict] = ()
+) -> list:
+    """The warm start's examples, rendered with the tools, weights on assistant turns: one
+    comparison per question when there are ``questions``, else one lookup per entity."""
+    conversations = (
+        [compare_demonstration(q, facts) for q in questions]
+        if questions
+        else [demonstration(entity, fact) for entity, fact in facts.items()]
+    )
     return [
         render_supervised(
-            demonstration(entity, fact),
-            tokenizer,
-            renderer,
-            TrainOnWhat.ALL_ASSISTANT_MESSAGES,
+            messages, tokenizer, renderer, TrainOnWhat.ALL_ASSISTANT_MESSAGES,
             tools=wire_tools(tools),
-        )
-        for entity, fact in facts.items()
+        )  # fmt: skip
+        for messages in conversations
     ]
 
 
@@ -94,11 +126,20 @@ def episode_frame(
         "trainable_tokens": int(mask.sum()),
         "model_turns/mean": sum(len(e.turns) for e in episodes) / len(episodes),
         "tool_turns/mean": sum(e.tool_turns for e in episodes) / len(episodes),
+        "tool_calls/mean": sum(e.tool_calls for e in episodes) / len(episodes),
+        "multi_call/share": sum(e.tool_calls >= 2 for e in episodes) / len(episodes),
         "bridged_turns": sum(t.bridged for e in episodes for t in e.turns),
         "overlong": sum(e.stop == "overlong" for e in episodes),
         "mask_sha256": mask_digest(input_ids, mask),
     }
     return frame, stats
+
+
+def groups_digest(groups: Sequence[Sequence[Episode]], pad_id: int) -> str:
+    """:func:`mask_digest` of the batch ``groups`` would train as (advantages aside)."""
+    rows = [episode_row(e, 0.0) for g in groups for e in g]
+    batch = frames.pad_batch(rows, pad_id)
+    return mask_digest(batch.input_ids, batch.loss_mask)
 
 
 def mask_digest(input_ids: torch.Tensor, mask: torch.Tensor) -> str:

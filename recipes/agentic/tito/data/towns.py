@@ -1,0 +1,84 @@
+"""The towns glossary and comparison questions of the SmolLM2 TITO profiles.
+
+    python -m recipes.agentic.tito.data.towns   # rewrites the three files
+
+- ``towns.jsonl``: 192 made-up town names (``name``) with a founding year each
+  (``fact``: "founded in 1843"), years distinct and drawn from 1600-1999. The names are
+  invented so that no model knows the answer without the lookup tool.
+- ``compare-train.jsonl``: 256 questions on pairs of the first 128 towns, the warm start's
+  demonstrations and the RL tasks.
+- ``compare-heldout.jsonl``: 128 questions on pairs of the other 64 towns, the greedy eval's;
+  no town of a held-out question appears in a training question.
+
+Each question (``first``, ``second``, ``ask``, ``answer``) asks which of the two was founded
+first, so an episode needs two lookups and a comparison of what they return. Which of the two
+comes first in the prompt is random, so "always the first" scores about 0.5.
+``tests/unit/test_tito_compare.py`` checks the committed files are this module's output.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+GLOSSARY = HERE / "towns.jsonl"
+TRAIN, HELD_OUT = HERE / "compare-train.jsonl", HERE / "compare-heldout.jsonl"
+N_TOWNS, N_TRAIN_TOWNS = 192, 128
+N_TRAIN, N_HELD_OUT = 256, 128
+SEED = 0
+ASK = "Which of the two was founded first?"
+
+HEADS = (
+    "Ash", "Bel", "Cor", "Dun", "El", "Fen", "Gar", "Hol", "Ivy", "Kel", "Lin", "Mar",
+    "Nor", "Oak", "Pen", "Quin", "Ros", "Sal", "Tam", "Ul", "Ver", "Wil", "Yar", "Zen",
+)  # fmt: skip
+TAILS = ("ford", "brook", "dale", "wick", "ton", "mere", "field", "haven", "moor", "stead")
+
+
+def towns() -> list[dict[str, str]]:
+    rng = random.Random(SEED)
+    names = [h + t for h, t in itertools.product(HEADS, TAILS)]
+    rng.shuffle(names)
+    years = rng.sample(range(1600, 2000), N_TOWNS)
+    return [
+        {"name": name, "fact": f"founded in {year}"}
+        for name, year in zip(names[:N_TOWNS], years, strict=True)
+    ]
+
+
+def _year(town: dict[str, str]) -> int:
+    return int(town["fact"].rsplit(" ", 1)[1])
+
+
+def questions(pool: list[dict[str, str]], n: int, rng: random.Random) -> list[dict[str, str]]:
+    pairs = list(itertools.combinations(range(len(pool)), 2))
+    chosen = rng.sample(pairs, n)
+    rows = []
+    for i, j in chosen:
+        a, b = (pool[i], pool[j]) if rng.random() < 0.5 else (pool[j], pool[i])
+        earlier = a if _year(a) < _year(b) else b
+        rows.append({"first": a["name"], "second": b["name"], "ask": ASK, "answer": earlier["name"]})
+    return rows
+
+
+def split() -> tuple[list[dict[str, str]], list[dict[str, str]], list[dict[str, str]]]:
+    glossary = towns()
+    rng = random.Random(SEED + 1)
+    train = questions(glossary[:N_TRAIN_TOWNS], N_TRAIN, rng)
+    held_out = questions(glossary[N_TRAIN_TOWNS:], N_HELD_OUT, rng)
+    return glossary, train, held_out
+
+
+def write(path: Path, rows: list[dict[str, str]]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+if __name__ == "__main__":
+    glossary, train, held_out = split()
+    write(GLOSSARY, glossary)
+    write(TRAIN, train)
+    write(HELD_OUT, held_out)
+    print(f"wrote {len(glossary)} towns, {len(train)} + {len(held_out)} questions")
