@@ -71,3 +71,62 @@ def test_interrupted_run_stops_after_the_asked_step_and_can_be_resumed(tmp_path)
     finished = main(Config(profile=PROFILE, log_path=str(run_dir), warm_start_steps=2, rl_steps=2))
     assert finished["resumed_from_step"] == 1 and finished["steps"] == [1, 2]
     assert len(Path(run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def write_questions(path: Path, rows: list[tuple[str, str, str]]) -> str:
+    ask = "Which of the two was founded first?"
+    path.write_text(
+        "".join(
+            json.dumps({"first": a, "second": b, "ask": ask, "answer": c}) + "\n"
+            for a, b, c in rows
+        )
+    )
+    return str(path)
+
+
+def test_a_comparison_run_resumes_on_the_episodes_and_sampler_its_checkpoint_saved(tmp_path):
+    """Two-lookup questions on the towns glossary; the resume trains on the saved episodes (a
+    changed mask in them is refused) and plays on from the saved sampler state."""
+    from cortex_recipes.tito.schedule import ScheduleError
+
+    towns = [json.loads(x) for x in Path("recipes/agentic/tito/data/towns.jsonl").read_text().splitlines()]
+    names = [t["name"] for t in towns[:6]]
+    questions = write_questions(
+        tmp_path / "q.jsonl", [(names[0], names[1], names[0]), (names[2], names[3], names[3]),
+                               (names[4], names[5], names[5])],
+    )  # fmt: skip
+    held_out = write_questions(tmp_path / "h.jsonl", [(names[1], names[2], names[2])])
+    overrides = (
+        "tasks=data/towns.jsonl", f"questions={questions}", f"eval_questions={held_out}",
+        "rl.max_turns=4", "rl.play_together=4",
+    )  # fmt: skip
+
+    def run(folder: str, **kw):
+        return main(
+            Config(profile=PROFILE, log_path=str(tmp_path / folder), warm_start_steps=4,
+                   rl_steps=3, overrides=overrides, **kw)
+        )  # fmt: skip
+
+    full = run("full")
+    assert full["steps"] == [1, 2, 3] and full["eval_tasks"] == 1
+    assert len(full["eval_before_rl"]["rewards"]) == 1
+    saved = RunCheckpoints(tmp_path / "full" / "checkpoints").load(1)["state"]
+    assert saved["pending"]["step"] == 2
+    assert sum(len(g) for g in saved["pending"]["groups"]) == 4  # 2 tasks x group 2
+    # steps 1 and 2 drew two of the three tasks each: the second draw crossed into epoch 1
+    assert (saved["sampler"]["epoch"], saved["sampler"]["cursor"]) == (1, 1)
+
+    copy_run_until(tmp_path / "full", tmp_path / "resumed", 1)
+    resumed = run("resumed")
+    assert resumed["resumed_from_step"] == 1 and resumed["resumed_on_saved_episodes"] is True
+    assert resumed["mask_sha256"] == full["mask_sha256"]
+    assert resumed["losses"][1:] == pytest.approx(full["losses"][1:], abs=1e-6)
+
+    copy_run_until(tmp_path / "full", tmp_path / "tampered", 1)
+    state_file = tmp_path / "tampered" / "checkpoints" / "step_1" / "state.json"
+    state = json.loads(state_file.read_text())
+    mask = state["state"]["pending"]["groups"][0][0]["sampled_mask"]
+    mask[mask.index(0)] = 1  # a context token turned into a trained one
+    state_file.write_text(json.dumps(state))
+    with pytest.raises(ScheduleError, match="the saved rows or action masks were changed"):
+        run("tampered")

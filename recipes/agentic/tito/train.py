@@ -79,6 +79,7 @@ class Config(RunConfig):
     rl_steps: int = chz.field(default=0, doc="0: the profile's rl.steps")
     rollouts_rate: float = completions.rate_field()
     warm_start_steps: int = chz.field(default=-1, doc="< 0: the profile's warm_start.steps")
+    final_eval: bool = chz.field(default=True, doc="the greedy eval after RL (false: skip it)")
     stop_after_step: int = chz.field(
         default=0, doc="> 0: stop after this RL step (an interruption, for resume checks)"
     )
@@ -88,6 +89,7 @@ def main(config: Config) -> dict:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per turn otherwise
     profile = load_tito_profile(config.profile, config.overrides)
     run = config.open_run("tito", profile)
     if run.finished:
@@ -129,7 +131,9 @@ def main(config: Config) -> dict:
     started = time.monotonic()
 
     with run.connect(config.connection) as client:
-        trainer = Trainer.start(client, profile.sub_jobs(model_dir), run, weight_format="hf")
+        trainer = Trainer.start(
+            client, profile.sub_jobs(model_dir), run, weight_format=profile.weight_format
+        )
         job_id = trainer.job_id
         if resume is not None:
             trainer.load(resume)  # and sync
@@ -263,8 +267,9 @@ def main(config: Config) -> dict:
                     loop.close()
                     client.cancel_job(job_id)
                     return {"stopped_after_step": step, "run_dir": str(run.path)}
-            eval_after = evaluate()
-            log.info("eval after RL: %s", brief(eval_after))
+            eval_after = evaluate() if config.final_eval else None
+            if eval_after is not None:
+                log.info("eval after RL: %s", brief(eval_after))
             loop.close()
         client.cancel_job(job_id)
 

@@ -16,7 +16,7 @@ or data:
 Comparison questions (``questions`` in a TITO profile) need two lookups per episode: a row
 names ``first`` and ``second`` (both glossary entities), an ``ask`` ("Which of the two was
 founded first?") and the ``answer`` (one of the two names). The prompt asks the model to look up
-both, one call after the other, and reply with the chosen name in ``<answer></answer>`` tags; the
+both (two calls), and reply with the chosen name in ``<answer></answer>`` tags; the
 reward ``named`` is 1.0 when the last reply names the answer and not the other entity.
 
 The default entities and facts below are this project's own, checked in as
@@ -117,7 +117,7 @@ class CompareTask(vf.Task[CompareTaskData, vf.State, GlossaryTaskConfig]):
 
 def compare_prompt(first: str, second: str, ask: str) -> str:
     return (
-        f'Use the `{TOOL_NAME}` tool to look up "{first}" and then "{second}". {ask.strip()} '
+        f'Use the `{TOOL_NAME}` tool to look up both "{first}" and "{second}". {ask.strip()} '
         "Reply with its name inside <answer></answer> tags."
     )
 

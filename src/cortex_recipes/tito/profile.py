@@ -128,6 +128,11 @@ class TitoProfile:
         return self.path.parent.parent.resolve()
 
     @property
+    def weight_format(self) -> str:
+        """How weights reach the sampler: the LoRA adapter alone under peft, else full weights."""
+        return "lora" if self.training.get("peft_config") else "hf"
+
+    @property
     def config_hash(self) -> str:
         return profiles.config_hash(self.raw)
 

@@ -6,16 +6,23 @@ The ``renderers`` Qwen3 renderer builds every tool turn from single special toke
 a tokenizer without them. SmolLM2 speaks ChatML but has no tool tokens, so a TITO profile with
 ``add_renderer_tokens: true`` runs on a derived copy of its model:
 
-- the missing tokens are appended to the tokenizer as special tokens, in a fixed order;
-- the embedding matrix grows by as many rows (SmolLM2 ties its output head to it), each new row
-  the mean of the embeddings of the token's text as the original tokenizer splits it, so a new
-  token starts close to the text it replaces;
-- nothing else changes: a prompt without the new tokens tokenizes and scores exactly as before.
+- **Names.** Special tokens that chat never uses (SmolLM2's code-corpus markers such as
+  ``<issue_start>``) are renamed to the missing names, so the vocabulary keeps its size and
+  text without a renamed token tokenizes exactly as before.
+- **Embeddings.** SmolLM2's unused special tokens share one untrained embedding (cosine 1.00
+  between them, measured), and LoRA does not train embeddings: with those rows a warm start
+  emits ``<file_sep>`` where ``</tool_call>`` belongs. So each renamed token's row (the output
+  head is tied to it) becomes, at the norm of an ordinary row, half the mean embedding of its
+  name's text pieces (a prior the model can read) and half a seeded random direction (so no
+  two are alike). Every other row is unchanged.
+- **Unknown token.** SmolLM2 names ``<|endoftext|>`` its unknown token (a byte-level BPE never
+  emits one); the renderer refuses a special token whose id is the unknown id, so the copy has
+  no unknown token.
 
 The copy is built once, deterministically, under the model cache (``CORTEX_RECIPES_CACHE``), keyed
-by the source directory's weights digest and the token list; the SFT warm start and the
-LoRA adapters then learn to emit the new tokens. This is a local-backend step: a hosted endpoint
-serves only the models it has, so a hosted profile names a model that already carries the tokens.
+by the source directory's files and the renaming. This is a local-backend step: a hosted
+endpoint serves only the models it has, so a hosted profile names a model that already carries
+the tokens.
 """
 
 from __future__ import annotations
@@ -40,7 +47,26 @@ QWEN3_RENDERER_TOKENS = (
     "<think>",
     "</think>",
 )
-BUILD_REVISION = "t1"
+# Special tokens of code corpora that a chat never uses, in the order they are taken.
+DONORS = (
+    "<issue_start>",
+    "<issue_closed>",
+    "<jupyter_output>",
+    "<empty_output>",
+    "<jupyter_start>",
+    "<jupyter_script>",
+    "<jupyter_text>",
+    "<jupyter_code>",
+    "<issue_comment>",
+    "<gh_stars>",
+    "<filename>",
+    "<file_sep>",
+    "<reponame>",
+    "<repo_name>",
+)
+BUILD_REVISION = "t3"
+EMBEDDING_SEED = 0
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 class ToolModelError(ValueError):
@@ -53,71 +79,128 @@ def missing_tokens(tokenizer, tokens=QWEN3_RENDERER_TOKENS) -> list[str]:
     return [t for t in tokens if t not in vocab]
 
 
-def _weights_digest(source: Path) -> str:
+def renaming(tokenizer, tokens=QWEN3_RENDERER_TOKENS) -> dict[str, str]:
+    """donor token -> the renderer token it becomes, for every token ``tokenizer`` lacks."""
+    missing = missing_tokens(tokenizer, tokens)
+    for required in ("<|im_start|>", "<|im_end|>"):
+        if required in missing:
+            raise ToolModelError(
+                f"its tokenizer has no {required!r}; renaming tokens only suits ChatML models "
+                "(whose turns the Qwen3 renderer writes)"
+            )
+    vocab = tokenizer.get_vocab()
+    donors = [d for d in DONORS if d in vocab and d in tokenizer.all_special_tokens]
+    if len(donors) < len(missing):
+        raise ToolModelError(
+            f"it lacks {missing} and has only {len(donors)} unused special tokens to rename "
+            f"({donors}); give it the tokens another way"
+        )
+    return dict(zip(donors, missing, strict=False))
+
+
+def _files_digest(source: Path) -> str:
     h = hashlib.sha256()
-    for name in sorted(p.name for p in source.glob("*.safetensors")):
-        with open(source / name, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
+    for path in sorted(p for p in source.iterdir() if p.is_file()):
+        h.update(path.name.encode())
+        h.update(str(path.stat().st_size).encode())
+        if path.name in TOKENIZER_FILES or path.name == "config.json":
+            h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
 
 def with_renderer_tokens(model: str, tokens=QWEN3_RENDERER_TOKENS) -> Path:
-    """The directory of ``model`` with ``tokens`` added (``model``'s own directory when it already
-    has them all)."""
+    """The directory of ``model`` with ``tokens`` present (``model``'s own directory when it
+    already has them all and no unknown token among them)."""
     from transformers import AutoTokenizer
 
-    source = resolve_model_path(model)
+    source = Path(resolve_model_path(model))
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-    missing = missing_tokens(tokenizer, tokens)
-    if not missing and tokenizer.unk_token not in tokens:
+    try:
+        renamed = renaming(tokenizer, tokens)
+    except ToolModelError as exc:
+        raise ToolModelError(f"model={model!r}: {exc}") from None
+    drop_unknown = tokenizer.unk_token in tokens
+    if not renamed and not drop_unknown:
         return source
-    for required in ("<|im_start|>", "<|im_end|>"):
-        if required in missing:
-            raise ToolModelError(
-                f"model={model!r}: its tokenizer has no {required!r}; adding tool tokens only "
-                "suits ChatML models (whose turns the Qwen3 renderer writes)"
-            )
     key = hashlib.sha256(
-        json.dumps([BUILD_REVISION, _weights_digest(source), missing]).encode()
+        json.dumps([BUILD_REVISION, _files_digest(source), renamed, drop_unknown]).encode()
     ).hexdigest()[:16]
     target = cache_root() / "models" / "with-renderer-tokens" / f"{Path(model).name}-{key}"
-    return build_once(target, lambda out: _build(source, missing, out))
+    return build_once(target, lambda out: _build(source, renamed, drop_unknown, out))
 
 
-def _build(source: Path, missing: list[str], out: Path) -> None:
+def _rename(value, renamed: dict[str, str]):
+    if isinstance(value, str):
+        return renamed.get(value, value)
+    if isinstance(value, list):
+        return [_rename(v, renamed) for v in value]
+    if isinstance(value, dict):
+        return {k: _rename(v, renamed) for k, v in value.items()}
+    return value
+
+
+def _build(source: Path, renamed: dict[str, str], drop_unknown: bool, out: Path) -> None:
+    for path in source.iterdir():
+        if path.is_file() and path.name not in TOKENIZER_FILES and path.suffix != ".safetensors":
+            shutil.copyfile(path, out / path.name)
+    data = json.loads((source / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    _write_embeddings(source, out, data, renamed)
+    for added in data["added_tokens"]:
+        added["content"] = renamed.get(added["content"], added["content"])
+    data["model"]["vocab"] = {renamed.get(k, k): v for k, v in vocab.items()}
+    if drop_unknown:
+        data["model"]["unk_token"] = None
+    (out / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False, indent=2, sort_keys=True))
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        if not (source / name).is_file():
+            continue
+        config = json.loads((source / name).read_text())
+        unk = config.get("unk_token")
+        config = {
+            k: (v if k == "chat_template" else _rename(v, renamed)) for k, v in config.items()
+        }
+        if drop_unknown and unk is not None:
+            config.pop("unk_token", None)
+        if "added_tokens_decoder" in config:
+            for entry in config["added_tokens_decoder"].values():
+                entry["content"] = renamed.get(entry["content"], entry["content"])
+        (out / name).write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+EMBEDDING_KEYS = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+def _write_embeddings(source: Path, out: Path, data: dict, renamed: dict[str, str]) -> None:
+    """Copy the safetensors files, giving each renamed token its own row (module docstring)."""
     import torch
-    from tokenizers import AddedToken
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from safetensors.torch import load_file, save_file
+    from tokenizers import Tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(
-        source, dtype=torch.float32, local_files_only=True
-    )
-    pieces = [tokenizer.encode(t, add_special_tokens=False) for t in missing]
-    added = tokenizer.add_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in missing], special_tokens=True
-    )
-    if added != len(missing):
-        raise ToolModelError(f"added {added} of the tokens {missing}")
-    embeddings = model.get_input_embeddings().weight
-    old_rows = embeddings.shape[0]
-    # A padded vocabulary (more rows than tokens) puts new ids on spare rows, overwritten below.
-    model.resize_token_embeddings(max(len(tokenizer), old_rows), mean_resizing=False)
-    with torch.no_grad():
-        weight = model.get_input_embeddings().weight
-        for token, ids in zip(missing, pieces, strict=True):
-            weight[tokenizer.convert_tokens_to_ids(token)] = weight[ids].mean(dim=0)
-        if not model.config.tie_word_embeddings and model.get_output_embeddings() is not None:
-            head = model.get_output_embeddings().weight
-            for token, ids in zip(missing, pieces, strict=True):
-                head[tokenizer.convert_tokens_to_ids(token)] = head[ids].mean(dim=0)
-    if tokenizer.unk_token in QWEN3_RENDERER_TOKENS:
-        # SmolLM2 names <|endoftext|> its unknown token; a byte-level BPE never emits one, and
-        # the renderer refuses a special token whose id is the unknown id.
-        tokenizer.unk_token = None
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    for extra in ("generation_config.json",):
-        if (source / extra).is_file() and not (out / extra).is_file():
-            shutil.copyfile(source / extra, out / extra)
+    original = Tokenizer.from_str(json.dumps(data))
+    vocab = data["model"]["vocab"]
+    files = sorted(source.glob("*.safetensors"))
+    if not files:
+        raise ToolModelError(f"{source} has no .safetensors weights to copy")
+    found = False
+    for path in files:
+        tensors = load_file(str(path))
+        for key in EMBEDDING_KEYS:
+            if key not in tensors:
+                continue
+            found = True
+            table = tensors[key].clone()
+            special = set(vocab.get(d) for d in DONORS)
+            ordinary = [i for i in range(table.shape[0]) if i not in special and i > 16]
+            norm = table[ordinary].float().norm(dim=-1).mean()
+            generator = torch.Generator().manual_seed(EMBEDDING_SEED)
+            for donor, name in renamed.items():
+                pieces = original.encode(name, add_special_tokens=False).ids
+                prior = table[pieces].float().mean(dim=0)
+                noise = torch.randn(table.shape[1], generator=generator)
+                row = (prior / prior.norm() + noise / noise.norm()) / 2**0.5
+                table[vocab[donor]] = (row * norm).to(table.dtype)
+            tensors[key] = table
+        save_file(tensors, str(out / path.name), metadata={"format": "pt"})
+    if not found:
+        raise ToolModelError(f"{source}: no embedding table ({', '.join(EMBEDDING_KEYS)}) found")

@@ -56,26 +56,19 @@ def demonstration(entity: str, fact: str) -> list[dict[str, Any]]:
 
 def _call(k: int, name: str) -> dict[str, Any]:
     return {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {
-                "id": f"call_{k}",
-                "type": "function",
-                "function": {"name": TOOL_NAME, "arguments": {"name": name}},
-            }
-        ],
+        "id": f"call_{k}",
+        "type": "function",
+        "function": {"name": TOOL_NAME, "arguments": {"name": name}},
     }
 
 
 def compare_demonstration(question: dict[str, str], facts: dict[str, str]) -> list[dict[str, Any]]:
-    """A comparison: look up the first name, then the second, then answer with the chosen one."""
+    """A comparison: one turn that looks up both names (two calls), then the chosen name."""
     first, second = question["first"], question["second"]
     return [
         {"role": "user", "content": compare_prompt(first, second, question["ask"])},
-        _call(0, first),
+        {"role": "assistant", "content": "", "tool_calls": [_call(0, first), _call(1, second)]},
         {"role": "tool", "tool_call_id": "call_0", "content": facts[entity_key(first)]},
-        _call(1, second),
         {"role": "tool", "tool_call_id": "call_1", "content": facts[entity_key(second)]},
         {"role": "assistant", "content": f"<answer>{question['answer']}</answer>"},
     ]

@@ -1,0 +1,67 @@
+"""A SmolLM2 copy with the Qwen3 renderer's tool tokens: each a single id with a trained
+embedding of its own, the renderer accepts it, the weights are untouched, and text without the
+renamed tokens tokenizes exactly as before."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("renderers")
+
+from transformers import AutoTokenizer
+
+from cortex_recipes.models import resolve_model_path
+from cortex_recipes.supervision import make_renderer
+from cortex_recipes.tito import tool_model
+from cortex_recipes.tito.tool_model import (
+    QWEN3_RENDERER_TOKENS,
+    ToolModelError,
+    missing_tokens,
+    with_renderer_tokens,
+)
+
+pytestmark = pytest.mark.contract
+SMOLLM2 = "smollm2-135m-instruct"
+
+
+def test_the_copy_renames_unused_special_tokens_and_keeps_weights_and_plain_text(tmp_path, monkeypatch):
+    source = resolve_model_path(SMOLLM2)  # the cached fixture
+    monkeypatch.setenv("CORTEX_RECIPES_CACHE", str(tmp_path))  # the copy is built here
+    original = AutoTokenizer.from_pretrained(source)
+    assert "<tool_call>" in missing_tokens(original)
+    copy = with_renderer_tokens(SMOLLM2)
+    assert copy.parent.parent == tmp_path / "models" and with_renderer_tokens(SMOLLM2) == copy
+    tokenizer = AutoTokenizer.from_pretrained(copy)
+    assert missing_tokens(tokenizer) == [] and len(tokenizer) == len(original)
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in QWEN3_RENDERER_TOKENS]
+    assert len(set(ids)) == len(ids) and tokenizer.unk_token_id not in ids
+    make_renderer(tokenizer, "qwen3")  # asserts each token is a single known id
+    # the tool tokens are the donors' ids: embeddings the model trained, one each
+    assert ids[3:5] == [original.convert_tokens_to_ids(d) for d in ("<issue_start>", "<issue_closed>")]
+    assert tokenizer.encode("<tool_call>x</tool_call>", add_special_tokens=False)[::2] == ids[3:5]
+    assert (copy / "model.safetensors").read_bytes() == (source / "model.safetensors").read_bytes()
+    text = "<|im_start|>user\nWhich town is older, Ashford or Belton? 1843<|im_end|>\n"
+    assert tokenizer.encode(text, add_special_tokens=False) == original.encode(
+        text, add_special_tokens=False
+    )
+
+
+class Vocab:
+    def __init__(self, tokens, special):
+        self.tokens, self.all_special_tokens, self.unk_token = tokens, special, None
+
+    def get_vocab(self):
+        return {t: i for i, t in enumerate(self.tokens)}
+
+
+def test_a_model_without_chatml_or_spare_special_tokens_is_refused(monkeypatch, tmp_path):
+    monkeypatch.setattr(tool_model, "resolve_model_path", lambda name: tmp_path)
+    plain = Vocab(["a", "b"], [])
+    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda *a, **k: plain)
+    with pytest.raises(ToolModelError, match=r"model='plain': its tokenizer has no '<\|im_start\|>'"):
+        with_renderer_tokens("plain")
+    chatml = Vocab(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<issue_start>"],
+                   ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<issue_start>"])  # fmt: skip
+    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda *a, **k: chatml)
+    with pytest.raises(ToolModelError, match=r"has only 1 unused special tokens to rename"):
+        with_renderer_tokens("chatml")
