@@ -1,5 +1,5 @@
-"""A SmolLM2 copy with the Qwen3 renderer's tool tokens: each a single id with a trained
-embedding of its own, the renderer accepts it, the weights are untouched, and text without the
+"""A SmolLM2 copy with the Qwen3 renderer's tool tokens: each a single id with an embedding row
+of its own, the renderer accepts it, every other weight is untouched, and text without the
 renamed tokens tokenizes exactly as before."""
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ import pytest
 
 pytest.importorskip("renderers")
 
+import torch
+from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from cortex_recipes.models import resolve_model_path
@@ -22,9 +24,12 @@ from cortex_recipes.tito.tool_model import (
 
 pytestmark = pytest.mark.contract
 SMOLLM2 = "smollm2-135m-instruct"
+EMBEDDINGS = "model.embed_tokens.weight"
 
 
-def test_the_copy_renames_unused_special_tokens_and_keeps_weights_and_plain_text(tmp_path, monkeypatch):
+def test_the_copy_renames_unused_special_tokens_gives_them_rows_and_keeps_plain_text(
+    tmp_path, monkeypatch
+):
     source = resolve_model_path(SMOLLM2)  # the cached fixture
     monkeypatch.setenv("CORTEX_RECIPES_CACHE", str(tmp_path))  # the copy is built here
     original = AutoTokenizer.from_pretrained(source)
@@ -36,10 +41,22 @@ def test_the_copy_renames_unused_special_tokens_and_keeps_weights_and_plain_text
     ids = [tokenizer.convert_tokens_to_ids(t) for t in QWEN3_RENDERER_TOKENS]
     assert len(set(ids)) == len(ids) and tokenizer.unk_token_id not in ids
     make_renderer(tokenizer, "qwen3")  # asserts each token is a single known id
-    # the tool tokens are the donors' ids: embeddings the model trained, one each
-    assert ids[3:5] == [original.convert_tokens_to_ids(d) for d in ("<issue_start>", "<issue_closed>")]
+    # the tool tokens take the donors' ids
+    assert ids[3:5] == [
+        original.convert_tokens_to_ids(d) for d in ("<issue_start>", "<issue_closed>")
+    ]
     assert tokenizer.encode("<tool_call>x</tool_call>", add_special_tokens=False)[::2] == ids[3:5]
-    assert (copy / "model.safetensors").read_bytes() == (source / "model.safetensors").read_bytes()
+    before = load_file(str(source / "model.safetensors"))
+    after = load_file(str(copy / "model.safetensors"))
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before if k != EMBEDDINGS)
+    changed = (before[EMBEDDINGS] != after[EMBEDDINGS]).any(dim=-1).nonzero().flatten().tolist()
+    assert sorted(changed) == sorted(ids[3:])  # only the six renamed tokens' rows
+    rows = torch.nn.functional.normalize(after[EMBEDDINGS][ids[3:]], dim=-1)
+    similarity = rows @ rows.T - torch.eye(len(changed))
+    assert similarity.max() < 0.8  # distinct; the donors' own rows were identical
+    donors = torch.nn.functional.normalize(before[EMBEDDINGS][ids[3:]], dim=-1)
+    assert (donors @ donors.T).min() > 0.99
     text = "<|im_start|>user\nWhich town is older, Ashford or Belton? 1843<|im_end|>\n"
     assert tokenizer.encode(text, add_special_tokens=False) == original.encode(
         text, add_special_tokens=False
@@ -58,7 +75,9 @@ def test_a_model_without_chatml_or_spare_special_tokens_is_refused(monkeypatch, 
     monkeypatch.setattr(tool_model, "resolve_model_path", lambda name: tmp_path)
     plain = Vocab(["a", "b"], [])
     monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda *a, **k: plain)
-    with pytest.raises(ToolModelError, match=r"model='plain': its tokenizer has no '<\|im_start\|>'"):
+    with pytest.raises(
+        ToolModelError, match=r"model='plain': its tokenizer has no '<\|im_start\|>'"
+    ):
         with_renderer_tokens("plain")
     chatml = Vocab(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<issue_start>"],
                    ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<issue_start>"])  # fmt: skip

@@ -89,7 +89,10 @@ def test_a_comparison_run_resumes_on_the_episodes_and_sampler_its_checkpoint_sav
     changed mask in them is refused) and plays on from the saved sampler state."""
     from cortex_recipes.tito.schedule import ScheduleError
 
-    towns = [json.loads(x) for x in Path("recipes/agentic/tito/data/towns.jsonl").read_text().splitlines()]
+    towns = [
+        json.loads(x)
+        for x in Path("recipes/agentic/tito/data/towns.jsonl").read_text().splitlines()
+    ]
     names = [t["name"] for t in towns[:6]]
     questions = write_questions(
         tmp_path / "q.jsonl", [(names[0], names[1], names[0]), (names[2], names[3], names[3]),

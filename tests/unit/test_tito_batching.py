@@ -24,7 +24,9 @@ class Recorder:
         self.batches.append([tuple(p) for p in prompts])
         if self.fail_on is not None and len(self.batches) == self.fail_on:
             raise RuntimeError("sampler down")
-        return [{"token_ids": [len(p)], "seed": q["seed"]} for p, q in zip(prompts, params, strict=True)]
+        return [
+            {"token_ids": [len(p)], "seed": q["seed"]} for p, q in zip(prompts, params, strict=True)
+        ]
 
 
 def play(batcher: LockstepBatcher, turns: dict[int, int], jitter: random.Random):

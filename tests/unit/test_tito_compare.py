@@ -50,7 +50,7 @@ def test_the_committed_towns_data_is_the_generators_and_the_held_out_towns_are_u
         assert row["answer"] == min(row["first"], row["second"], key=years.get)
     # the answer is not always in one position: "always the first" is no strategy
     share_first = sum(r["answer"] == r["first"] for r in held_out) / len(held_out)
-    assert 0.35 < share_first < 0.65
+    assert share_first == 0.5
 
 
 def test_the_compare_profile_loads_its_questions_against_its_glossary():
@@ -75,15 +75,26 @@ def write_jsonl(path: Path, rows) -> Path:
 @pytest.mark.parametrize(
     ("row", "message"),
     [
-        ({"first": "Atlantis", "second": "Oakford"}, r"row 1 column 'first' = 'Atlantis' is not in the glossary"),
-        ({"first": "Oakford", "second": " oakford"}, r"row 1: first and second are the same entity"),
+        (
+            {"first": "Atlantis", "second": "Oakford"},
+            r"row 1 column 'first' = 'Atlantis' is not in the glossary",
+        ),
+        (
+            {"first": "Oakford", "second": " oakford"},
+            r"row 1: first and second are the same entity",
+        ),
         ({"answer": "Elmere"}, r"row 1 column 'answer' = 'Elmere' is neither first"),
         ({"ask": " "}, r"row 1 column 'ask' = ' ' is not a non-empty string"),
     ],
 )
 def test_a_bad_question_is_refused_naming_the_row_and_value(tmp_path, row, message):
     facts = {"oakford": "founded in 1700", "belton": "founded in 1800", "elmere": "founded in 1900"}
-    base = {"first": "Oakford", "second": "Belton", "ask": "Which was founded first?", "answer": "Oakford"}
+    base = {
+        "first": "Oakford",
+        "second": "Belton",
+        "ask": "Which was founded first?",
+        "answer": "Oakford",
+    }
     path = write_jsonl(tmp_path / "q.jsonl", [{**base, **row}])
     with pytest.raises(DataError, match=message):
         load_questions("questions", str(path), tmp_path, facts)
@@ -103,12 +114,20 @@ def test_the_comparison_reward_needs_the_answer_and_not_the_other_name():
 
 def test_a_comparison_demonstration_looks_up_both_names_then_answers():
     facts = {"oakford": "founded in 1700", "belton": "founded in 1800"}
-    question = {"first": "Belton", "second": "Oakford", "ask": "Which was founded first?", "answer": "Oakford"}
+    question = {
+        "first": "Belton",
+        "second": "Oakford",
+        "ask": "Which was founded first?",
+        "answer": "Oakford",
+    }
     messages = compare_demonstration(question, facts)
     turns = [m["tool_calls"] for m in messages if m.get("tool_calls")]
     assert len(turns) == 1  # one turn, two calls
     assert [c["function"]["arguments"]["name"] for c in turns[0]] == ["Belton", "Oakford"]
-    assert [m["content"] for m in messages if m["role"] == "tool"] == ["founded in 1800", "founded in 1700"]
+    assert [m["content"] for m in messages if m["role"] == "tool"] == [
+        "founded in 1800",
+        "founded in 1700",
+    ]
     assert messages[-1] == {"role": "assistant", "content": "<answer>Oakford</answer>"}
     task = compare_tasks(glossary_config(facts), [question])[0]
     assert task_reward(task, messages[-1]["content"]) == 1.0

@@ -70,31 +70,44 @@ def saved_batch():
         [episode(3, [5, 4, 7, 7, 2], [False, False, True, False, True], 0.5),
          episode(3, [5, 4, 1], [False, False, True], 0.5)],
     ]  # fmt: skip
-    digest = groups_digest(groups, PAD)
+    digest = groups_digest(groups)
     return groups, json.loads(json.dumps(pending_to_json(4, groups, digest, 12.5)))
 
 
 def test_saved_episodes_come_back_with_the_same_rows_masks_and_logprobs():
     groups, saved = saved_batch()
-    restored, seconds = pending_from_json(saved, 4, lambda g: groups_digest(g, PAD))
+    restored, seconds = pending_from_json(saved, 4, groups_digest)
     assert seconds == 12.5
     for a, b in zip([e for g in groups for e in g], [e for g in restored for e in g], strict=True):
         assert (a.token_ids, a.sampled_mask, a.logprobs, a.reward) == (
-            b.token_ids, b.sampled_mask, b.logprobs, b.reward,
+            b.token_ids,
+            b.sampled_mask,
+            b.logprobs,
+            b.reward,
         )
         assert b.tool_calls == 1 and len(b.turns) == 1
 
 
 def test_a_changed_mask_or_a_malformed_episode_is_refused_naming_the_field():
     _, saved = saved_batch()
-    digest = lambda g: groups_digest(g, PAD)  # noqa: E731
+    digest = groups_digest
     flipped = copy.deepcopy(saved)
     flipped["groups"][1][0]["sampled_mask"][3] = 1
-    with pytest.raises(ScheduleError, match=r"pending.mask_sha256=.* the saved rows or action masks were changed"):
+    with pytest.raises(
+        ScheduleError,
+        match=r"pending.episodes_sha256=.* the saved rows or action masks were changed",
+    ):
         pending_from_json(flipped, 4, digest)
+    first = copy.deepcopy(saved)  # position 0, which the next-token shift would drop
+    first["groups"][0][0]["sampled_mask"][0] = 1
+    with pytest.raises(ScheduleError, match=r"the saved rows or action masks were changed"):
+        pending_from_json(first, 4, digest)
     short = copy.deepcopy(saved)
     short["groups"][0][1]["logprobs"].pop()
-    with pytest.raises(ScheduleError, match=r"pending.groups\[0\]\[1\]: token_ids \(3\), sampled_mask \(3\) and logprobs \(2\)"):
+    with pytest.raises(
+        ScheduleError,
+        match=r"pending.groups\[0\]\[1\]: token_ids \(3\), sampled_mask \(3\) and logprobs \(2\)",
+    ):
         pending_from_json(short, 4, digest)
     with pytest.raises(ScheduleError, match=r"pending.step=4; the resume's next step is 5"):
         pending_from_json(saved, 5, digest)

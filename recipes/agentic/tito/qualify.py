@@ -108,7 +108,9 @@ def tito_metrics(full: dict, compare: bool) -> dict:
         "heldout_reward_before_rl": full["eval_before_rl"]["reward"],
         "heldout_reward_after_rl": full["eval_after_rl"]["reward"],
         "heldout_reward_gain": paired_difference(
-            "heldout_reward_gain", full["eval_before_rl"]["rewards"], full["eval_after_rl"]["rewards"]
+            "heldout_reward_gain",
+            full["eval_before_rl"]["rewards"],
+            full["eval_after_rl"]["rewards"],
         ),
     }
 

@@ -50,8 +50,8 @@ from cortex_recipes.envs.glossary import (
 from cortex_recipes.models import load_tokenizer, resolve_model_path
 from cortex_recipes.run import RunConfig, Trainer, profile_field
 from cortex_recipes.supervision import collate, make_renderer
-from cortex_recipes.tito.episode import run_episode
 from cortex_recipes.tito.batching import LockstepBatcher, sdk_generate_rows
+from cortex_recipes.tito.episode import run_episode
 from cortex_recipes.tito.gateway import Gateway, create_gateway_app
 from cortex_recipes.tito.prefix import check_linear_history
 from cortex_recipes.tito.profile import TitoProfile, load_tito_profile
@@ -162,7 +162,7 @@ def main(config: Config) -> dict:
                 )
             )
 
-            loop = asyncio.new_event_loop()  # one loop: the client's connections live on it
+            loop = episode_loop()
 
             def play(specs: list, temperature: float, max_tokens: int) -> list:
                 """Episodes for ``(task, session id)`` specs, ``rl.play_together`` at a time."""
@@ -220,9 +220,7 @@ def main(config: Config) -> dict:
             if resume is not None and "sampler" in state:
                 sampler = TaskSampler.from_state(state["sampler"], len(tasks))
                 if state.get("pending") is not None and first <= rl_steps:
-                    pending = pending_from_json(
-                        state["pending"], first, lambda g: groups_digest(g, pad_id)
-                    )
+                    pending = pending_from_json(state["pending"], first, groups_digest)
                     log.info(
                         "resuming step %d on the %d episodes its checkpoint saved", first,
                         sum(len(g) for g in pending[0]),
@@ -242,7 +240,7 @@ def main(config: Config) -> dict:
                     pending = collect(step + 1)
                 state["sampler"] = sampler.state_dict()
                 state["pending"] = (
-                    pending_to_json(step + 1, pending[0], groups_digest(pending[0], pad_id), pending[1])
+                    pending_to_json(step + 1, pending[0], groups_digest(pending[0]), pending[1])
                     if pending is not None
                     else None
                 )
@@ -264,13 +262,11 @@ def main(config: Config) -> dict:
                     trainer.save_resumable(step, {"state": state})
                 if config.stop_after_step and step >= config.stop_after_step and step < rl_steps:
                     log.info("stopping after step %d as asked (stop_after_step)", step)
-                    loop.close()
                     client.cancel_job(job_id)
                     return {"stopped_after_step": step, "run_dir": str(run.path)}
             eval_after = evaluate() if config.final_eval else None
             if eval_after is not None:
                 log.info("eval after RL: %s", brief(eval_after))
-            loop.close()
         client.cancel_job(job_id)
 
     history = run.read_metrics()
@@ -296,6 +292,20 @@ def main(config: Config) -> dict:
         "wall_time_s": round(time.monotonic() - started, 1),
     }
     return run.summary(summary)
+
+
+_LOOP: asyncio.AbstractEventLoop | None = None
+
+
+def episode_loop() -> asyncio.AbstractEventLoop:
+    """The event loop episodes play on: one per process, kept open. ``renderers`` holds a
+    module-level ``asyncio.Lock`` (its max-prompt-length lookup) that binds to the first loop
+    it is contended on, so a second run in the same process (a qualification's resume, a test)
+    on a fresh loop would fail on it once its episodes play concurrently."""
+    global _LOOP
+    if _LOOP is None or _LOOP.is_closed():
+        _LOOP = asyncio.new_event_loop()
+    return _LOOP
 
 
 def renderer_config(profile: TitoProfile):

@@ -77,7 +77,9 @@ class TaskSampler:
         if not isinstance(state, dict):
             raise ScheduleError(f"{where}={type(state).__name__}: a saved sampler is an object")
         if state.get("version") != STATE_VERSION:
-            raise ScheduleError(f"{where}.version={state.get('version')!r}; this code reads {STATE_VERSION}")
+            raise ScheduleError(
+                f"{where}.version={state.get('version')!r}; this code reads {STATE_VERSION}"
+            )
         if state.get("n_tasks") != n_tasks:
             raise ScheduleError(
                 f"{where}.n_tasks={state.get('n_tasks')!r} but the profile has {n_tasks} tasks; "
@@ -151,7 +153,9 @@ def episode_from_json(data: Any, where: str) -> Episode:
         raise ScheduleError(f"{where} must be an object")
     tokens = _int_list(data.get("token_ids"), f"{where}.token_ids")
     mask = data.get("sampled_mask")
-    if not isinstance(mask, list) or not all(m in (0, 1) and not isinstance(m, float) for m in mask):
+    if not isinstance(mask, list) or not all(
+        m in (0, 1) and not isinstance(m, float) for m in mask
+    ):
         raise ScheduleError(f"{where}.sampled_mask must be a list of 0/1")
     logprobs = _float_list(data.get("logprobs"), f"{where}.logprobs")
     if not (len(tokens) == len(mask) == len(logprobs)):
@@ -163,7 +167,9 @@ def episode_from_json(data: Any, where: str) -> Episode:
     if not isinstance(reward, int | float) or isinstance(reward, bool) or not math.isfinite(reward):
         raise ScheduleError(f"{where}.reward={reward!r} must be a finite number")
     if data.get("stop") not in ("answered", "max_turns", "overlong"):
-        raise ScheduleError(f"{where}.stop={data.get('stop')!r}; accepted: answered, max_turns, overlong")
+        raise ScheduleError(
+            f"{where}.stop={data.get('stop')!r}; accepted: answered, max_turns, overlong"
+        )
     turns = data.get("turns")
     if not isinstance(turns, list):
         raise ScheduleError(f"{where}.turns must be a list")
@@ -195,11 +201,11 @@ def episode_from_json(data: Any, where: str) -> Episode:
     )
 
 
-def pending_to_json(step: int, groups: list[list[Episode]], mask_sha256: str, seconds: float) -> dict:
+def pending_to_json(step: int, groups: list[list[Episode]], sha256: str, seconds: float) -> dict:
     """The next step's batch, as a checkpoint saves it."""
     return {
         "step": step,
-        "mask_sha256": mask_sha256,
+        "episodes_sha256": sha256,
         "time/rollouts": seconds,
         "groups": [[episode_to_json(e) for e in group] for group in groups],
     }
@@ -209,7 +215,7 @@ def pending_from_json(
     data: Any, step: int, digest, where: str = "pending"
 ) -> tuple[list[list[Episode]], float]:
     """The saved batch for ``step`` and the seconds it took to play; ``digest(groups)`` must
-    reproduce the saved ``mask_sha256`` (the rows and action masks the run would have trained on)."""
+    reproduce the saved ``episodes_sha256`` (token ids, action masks, logprobs and rewards)."""
     if not isinstance(data, dict):
         raise ScheduleError(f"{where} must be an object")
     if data.get("step") != step:
@@ -225,9 +231,9 @@ def pending_from_json(
             [episode_from_json(e, f"{where}.groups[{g}][{k}]") for k, e in enumerate(group)]
         )
     found = digest(groups)
-    if found != data.get("mask_sha256"):
+    if found != data.get("episodes_sha256"):
         raise ScheduleError(
-            f"{where}.mask_sha256={data.get('mask_sha256')!r} but the saved episodes hash to "
+            f"{where}.episodes_sha256={data.get('episodes_sha256')!r} but the saved episodes hash to "
             f"{found!r}: the saved rows or action masks were changed"
         )
     seconds = data.get("time/rollouts", 0.0)

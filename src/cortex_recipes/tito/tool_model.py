@@ -151,7 +151,9 @@ def _build(source: Path, renamed: dict[str, str], drop_unknown: bool, out: Path)
     data["model"]["vocab"] = {renamed.get(k, k): v for k, v in vocab.items()}
     if drop_unknown:
         data["model"]["unk_token"] = None
-    (out / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False, indent=2, sort_keys=True))
+    (out / "tokenizer.json").write_text(
+        json.dumps(data, ensure_ascii=False, indent=2, sort_keys=True)
+    )
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
         if not (source / name).is_file():
             continue

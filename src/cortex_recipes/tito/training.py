@@ -86,7 +86,10 @@ def demonstrations(
     )
     return [
         render_supervised(
-            messages, tokenizer, renderer, TrainOnWhat.ALL_ASSISTANT_MESSAGES,
+            messages,
+            tokenizer,
+            renderer,
+            TrainOnWhat.ALL_ASSISTANT_MESSAGES,
             tools=wire_tools(tools),
         )  # fmt: skip
         for messages in conversations
@@ -128,11 +131,15 @@ def episode_frame(
     return frame, stats
 
 
-def groups_digest(groups: Sequence[Sequence[Episode]], pad_id: int) -> str:
-    """:func:`mask_digest` of the batch ``groups`` would train as (advantages aside)."""
-    rows = [episode_row(e, 0.0) for g in groups for e in g]
-    batch = frames.pad_batch(rows, pad_id)
-    return mask_digest(batch.input_ids, batch.loss_mask)
+def groups_digest(groups: Sequence[Sequence[Episode]]) -> str:
+    """A hash of every episode's token ids, action mask, sampler logprobs and reward, as played
+    (unshifted, so no position escapes it)."""
+    data = [
+        [e.token_ids, [int(m) for m in e.sampled_mask], e.logprobs, e.reward]
+        for g in groups
+        for e in g
+    ]
+    return hashlib.sha256(json.dumps(data).encode()).hexdigest()[:16]
 
 
 def mask_digest(input_ids: torch.Tensor, mask: torch.Tensor) -> str:

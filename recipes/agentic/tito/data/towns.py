@@ -11,8 +11,9 @@
   no town of a held-out question appears in a training question.
 
 Each question (``first``, ``second``, ``ask``, ``answer``) asks which of the two was founded
-first, so an episode needs two lookups and a comparison of what they return. Which of the two
-comes first in the prompt is random, so "always the first" scores about 0.5.
+first, so an episode needs two lookups and a comparison of what they return. In exactly half of
+each file's questions the answer is the first name, in a seeded random order, so naming one
+position (or any rule that ignores the years) scores 0.5.
 ``tests/unit/test_tito_compare.py`` checks the committed files are this module's output.
 """
 
@@ -56,11 +57,13 @@ def _year(town: dict[str, str]) -> int:
 def questions(pool: list[dict[str, str]], n: int, rng: random.Random) -> list[dict[str, str]]:
     pairs = list(itertools.combinations(range(len(pool)), 2))
     chosen = rng.sample(pairs, n)
+    earlier_first = [k < n // 2 for k in range(n)]
+    rng.shuffle(earlier_first)
     rows = []
-    for i, j in chosen:
-        a, b = (pool[i], pool[j]) if rng.random() < 0.5 else (pool[j], pool[i])
-        earlier = a if _year(a) < _year(b) else b
-        rows.append({"first": a["name"], "second": b["name"], "ask": ASK, "answer": earlier["name"]})
+    for (i, j), first in zip(chosen, earlier_first, strict=True):
+        early, late = sorted((pool[i], pool[j]), key=_year)
+        a, b = (early, late) if first else (late, early)
+        rows.append({"first": a["name"], "second": b["name"], "ask": ASK, "answer": early["name"]})
     return rows
 
 
