@@ -20,7 +20,6 @@ from cortex_recipes.tito.schedule import (
 from cortex_recipes.tito.training import groups_digest
 
 pytestmark = pytest.mark.unit
-PAD = 0
 
 
 def test_the_sampler_continues_exactly_from_its_saved_state_and_not_from_its_seed():
