@@ -84,3 +84,14 @@ def test_a_model_without_chatml_or_spare_special_tokens_is_refused(monkeypatch, 
     monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda *a, **k: chatml)
     with pytest.raises(ToolModelError, match=r"has only 1 unused special tokens to rename"):
         with_renderer_tokens("chatml")
+
+
+def test_the_copy_is_keyed_by_the_source_files_bytes_not_only_their_sizes(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"\x00" * 64)
+    before = tool_model._files_digest(tmp_path)
+    weights.write_bytes(b"\x00" * 63 + b"\x01")  # same size, one byte replaced in place
+    assert tool_model._files_digest(tmp_path) != before
+    weights.write_bytes(b"\x00" * 64)
+    assert tool_model._files_digest(tmp_path) == before

@@ -79,16 +79,20 @@ class GlossaryTaskConfig(vf.TaskConfig):
     tools: GlossaryToolsetConfig = GlossaryToolsetConfig()
 
 
+class GlossaryTools:
+    """The lookup tool of a glossary task (a mixin of the task classes)."""
+
+    @classmethod
+    def toolsets(cls, config: GlossaryTaskConfig) -> list[vf.Toolset]:
+        return [GlossaryToolset(config.tools)]
+
+
 class GlossaryTaskData(vf.TaskData):
     answer: str
     """The fact the lookup tool returns for this task's entity."""
 
 
-class GlossaryTask(vf.Task[GlossaryTaskData, vf.State, GlossaryTaskConfig]):
-    @classmethod
-    def toolsets(cls, config: GlossaryTaskConfig) -> list[vf.Toolset]:
-        return [GlossaryToolset(config.tools)]
-
+class GlossaryTask(GlossaryTools, vf.Task[GlossaryTaskData, vf.State, GlossaryTaskConfig]):
     @vf.reward(weight=1.0)
     async def looked_up(self, trace: vf.Trace) -> float:
         return looked_up(self.data.answer, trace.last_reply)
@@ -105,11 +109,7 @@ class CompareTaskData(vf.TaskData):
         return self.second if entity_key(self.answer) == entity_key(self.first) else self.first
 
 
-class CompareTask(vf.Task[CompareTaskData, vf.State, GlossaryTaskConfig]):
-    @classmethod
-    def toolsets(cls, config: GlossaryTaskConfig) -> list[vf.Toolset]:
-        return [GlossaryToolset(config.tools)]
-
+class CompareTask(GlossaryTools, vf.Task[CompareTaskData, vf.State, GlossaryTaskConfig]):
     @vf.reward(weight=1.0)
     async def named(self, trace: vf.Trace) -> float:
         return named(self.data.answer, self.data.other, trace.last_reply)

@@ -99,12 +99,15 @@ def renaming(tokenizer, tokens=QWEN3_RENDERER_TOKENS) -> dict[str, str]:
 
 
 def _files_digest(source: Path) -> str:
+    """A digest of every file's name and bytes (weights included: a source model replaced in
+    place, at the same size, gets a new copy)."""
     h = hashlib.sha256()
     for path in sorted(p for p in source.iterdir() if p.is_file()):
-        h.update(path.name.encode())
-        h.update(str(path.stat().st_size).encode())
-        if path.name in TOKENIZER_FILES or path.name == "config.json":
-            h.update(path.read_bytes())
+        h.update(path.name.encode() + b"\0")
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        h.update(b"\0")
     return h.hexdigest()[:16]
 
 
@@ -184,6 +187,7 @@ def _write_embeddings(source: Path, out: Path, data: dict, renamed: dict[str, st
     files = sorted(source.glob("*.safetensors"))
     if not files:
         raise ToolModelError(f"{source} has no .safetensors weights to copy")
+    special = {added["id"] for added in data["added_tokens"]}  # the norm is of text pieces
     found = False
     for path in files:
         tensors = load_file(str(path))
@@ -192,8 +196,7 @@ def _write_embeddings(source: Path, out: Path, data: dict, renamed: dict[str, st
                 continue
             found = True
             table = tensors[key].clone()
-            special = set(vocab.get(d) for d in DONORS)
-            ordinary = [i for i in range(table.shape[0]) if i not in special and i > 16]
+            ordinary = [i for i in range(table.shape[0]) if i not in special]
             norm = table[ordinary].float().norm(dim=-1).mean()
             generator = torch.Generator().manual_seed(EMBEDDING_SEED)
             for donor, name in renamed.items():
