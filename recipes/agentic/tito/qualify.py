@@ -1,6 +1,6 @@
 """Qualify the TITO journey: multi-call tool episodes, action masks, learning, exact resume.
 
-    python -m recipes.agentic.tito.qualify            # local-cpu-smollm2-compare
+    python -m recipes.agentic.tito.qualify            # local-cpu-smollm2-chain
     python -m recipes.agentic.tito.qualify profile=recipes/agentic/tito/configs/local-cpu-tiny-qwen3.json
 
 1. Run the profile uninterrupted: warm start, a greedy eval, ``rl.steps`` RL steps with a
@@ -13,6 +13,10 @@
    - every RL step trained non-empty action masks; the optimiser stepped; checkpoints saved;
    - the resumed run trained its first step on the checkpoint's saved episodes, and its
      batches (rows and action masks) and losses equal the uninterrupted run's for every step;
+   - a chain profile (``question_type: chain``): after the warm start the model calls the
+     tool on its own (greedy, held out); every step has episodes with two or more tool calls;
+     the held-out reward after RL exceeds the warm start's, the 95% paired bootstrap interval
+     over the eval questions above the bar (``heldout_reward_gain``);
    - a comparison profile (``questions``): after the warm start most greedy held-out episodes
      look both names up; at least ``multi_call_share_min`` of every step's episodes make two or
      more tool calls; and the held-out reward after RL exceeds the warm start's, the 95% paired
@@ -43,7 +47,7 @@ RECIPE_DIR = Path(__file__).parent
 
 @chz.chz
 class Config:
-    profile: str = "recipes/agentic/tito/configs/local-cpu-smollm2-compare.json"
+    profile: str = "recipes/agentic/tito/configs/local-cpu-smollm2-chain.json"
     resume_after: int = chz.field(default=0, doc="0: two steps before the end")
 
 
@@ -95,7 +99,34 @@ def compare_checks(full: dict) -> dict[str, bool]:
     }
 
 
-def tito_metrics(full: dict, compare: bool) -> dict:
+def chain_checks(full: dict) -> dict[str, bool]:
+    return {
+        "multi_call_episodes_every_step": all(s > 0 for s in full["multi_call"]),
+        "held_out_eval": full["eval_tasks"] >= 128,
+        "eval_on_the_same_items": len(full["eval_before_rl"]["rewards"])
+        == len(full["eval_after_rl"]["rewards"])
+        == full["eval_tasks"],
+    }
+
+
+def heldout_gain(full: dict) -> dict:
+    return paired_difference(
+        "heldout_reward_gain", full["eval_before_rl"]["rewards"], full["eval_after_rl"]["rewards"]
+    )
+
+
+def tito_metrics(full: dict, compare: bool, chain: bool = False) -> dict:
+    if chain:
+        return {
+            "called_tool_after_warm_start": full["eval_before_rl"]["called_tool"],
+            "two_lookups_before_rl": full["eval_before_rl"]["two_calls"],
+            "two_lookups_after_rl": full["eval_after_rl"]["two_calls"],
+            "multi_call_share_first_step": full["multi_call"][0],
+            "multi_call_share_last_step": full["multi_call"][-1],
+            "heldout_reward_before_rl": full["eval_before_rl"]["reward"],
+            "heldout_reward_after_rl": full["eval_after_rl"]["reward"],
+            "heldout_reward_gain": heldout_gain(full),
+        }
     if not compare:
         return {
             "called_tool_after_warm_start": full["eval_before_rl"]["called_tool"],
@@ -107,11 +138,7 @@ def tito_metrics(full: dict, compare: bool) -> dict:
         "multi_call_share_min": min(full["multi_call"]),
         "heldout_reward_before_rl": full["eval_before_rl"]["reward"],
         "heldout_reward_after_rl": full["eval_after_rl"]["reward"],
-        "heldout_reward_gain": paired_difference(
-            "heldout_reward_gain",
-            full["eval_before_rl"]["rewards"],
-            full["eval_after_rl"]["rewards"],
-        ),
+        "heldout_reward_gain": heldout_gain(full),
     }
 
 
@@ -120,6 +147,7 @@ def main(config: Config) -> dict:
     steps = profile.rl.steps
     resume_after = config.resume_after or max(steps - 2, 1)
     compare = bool(profile.questions)
+    chain = compare and profile.question_type == "chain"
     work = work_dir("qualify-tito-")
     full = train(TrainConfig(profile=config.profile, log_path=str(work / "full")))
     copy_run_until(work / "full", work / "resumed", resume_after)
@@ -128,9 +156,15 @@ def main(config: Config) -> dict:
     )
     checks = {
         **resume_checks(full, resumed, resume_after, steps),
-        **(compare_checks(full) if compare else lookup_checks(full)),
+        **(
+            chain_checks(full)
+            if chain
+            else compare_checks(full)
+            if compare
+            else lookup_checks(full)
+        ),
     }
-    measured = tito_metrics(full, compare)
+    measured = tito_metrics(full, compare, chain)
     path = record_evidence(
         RECIPE_DIR, profile.name, profile.config_hash, [full, resumed], checks, metrics=measured
     )

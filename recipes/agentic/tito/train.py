@@ -1,6 +1,6 @@
 """Token-in/token-out agentic RL: multi-turn tool use with exact token ids and action masks.
 
-    python -m recipes.agentic.tito.train                       # CPU profile (SmolLM2, comparisons)
+    python -m recipes.agentic.tito.train                       # CPU profile (SmolLM2, two lookups in a chain)
     python -m recipes.agentic.tito.train profile=recipes/agentic/tito/configs/local-cpu-tiny-qwen3-smoke.json
 
 1. Check that the renderer extends the environment's turns token for token (reject otherwise).
@@ -41,8 +41,10 @@ from cortex_recipes import completions, frames, profiles, progress
 from cortex_recipes.envs.glossary import (
     GlossaryTaskset,
     GlossaryToolset,
+    chain_tasks,
     compare_tasks,
     glossary_config,
+    load_chain_questions,
     load_facts,
     load_questions,
     tool_specs,
@@ -58,6 +60,7 @@ from cortex_recipes.tito.profile import TitoProfile, load_tito_profile
 from cortex_recipes.tito.schedule import TaskSampler, pending_from_json, pending_to_json
 from cortex_recipes.tito.tool_model import with_renderer_tokens
 from cortex_recipes.tito.training import (
+    chain_demonstration,
     compare_demonstration,
     demonstration,
     demonstrations,
@@ -67,7 +70,7 @@ from cortex_recipes.tito.training import (
 )
 
 log = logging.getLogger("recipes.agentic.tito")
-DEFAULT_PROFILE = "recipes/agentic/tito/configs/local-cpu-smollm2-compare.json"
+DEFAULT_PROFILE = "recipes/agentic/tito/configs/local-cpu-smollm2-chain.json"
 GATEWAY_KEY_ENV = (
     "CORTEX_TITO_GATEWAY_KEY"  # the loopback gateway needs no key; the client wants a name
 )
@@ -106,17 +109,25 @@ def main(config: Config) -> dict:
     toolset = GlossaryToolset(glossary.task.tools)
     tools = tool_specs(toolset)
     if profile.questions:
-        questions = load_questions("questions", profile.questions, profile.recipe_dir, facts)
-        tasks = compare_tasks(glossary, questions)
+        chain = profile.question_type == "chain"
+        load, make = (
+            (load_chain_questions, chain_tasks) if chain else (load_questions, compare_tasks)
+        )
+        questions = load("questions", profile.questions, profile.recipe_dir, facts)
+        tasks = make(glossary, questions)
         eval_tasks = (
-            compare_tasks(
+            make(
                 glossary,
-                load_questions("eval_questions", profile.eval_questions, profile.recipe_dir, facts),
+                load("eval_questions", profile.eval_questions, profile.recipe_dir, facts),
             )
             if profile.eval_questions
             else tasks
         )
-        sample_conversation = compare_demonstration(questions[0], facts)
+        sample_conversation = (
+            chain_demonstration(questions[0], facts)
+            if chain
+            else compare_demonstration(questions[0], facts)
+        )  # the longest conversation the warm start teaches
     else:
         questions = []
         tasks = eval_tasks = GlossaryTaskset(glossary).load()
@@ -335,7 +346,11 @@ def warm_start(
 ) -> dict:
     """SFT on the demonstrations (causal_cross_entropy), seeded batches, as the SFT journey."""
     steps = config.warm_start_steps if config.warm_start_steps >= 0 else profile.warm_start.steps
-    examples = demonstrations(tokenizer, renderer, tools, facts, questions)
+    examples = demonstrations(
+        tokenizer, renderer, tools, facts, questions,
+        question_type=profile.question_type,
+        complete_share=profile.warm_start.complete_share, seed=profile.seed,
+    )  # fmt: skip
     rng = random.Random(profile.seed)
     losses = []
     for step in progress.bar(range(1, steps + 1), desc="tito warm start"):

@@ -19,6 +19,13 @@ founded first?") and the ``answer`` (one of the two names). The prompt asks the 
 both (two calls), and reply with the chosen name in ``<answer></answer>`` tags; the
 reward ``named`` is 1.0 when the last reply names the answer and not the other entity.
 
+Chain questions (``question_type: chain``) need two lookups in sequence: a row names a
+``start`` entity whose fact names a ``via`` entity ("born in Corfield"), an ``ask`` ("Which
+river runs through the town where Ada Birch was born?") and the ``answer``, which only the
+``via`` entity's fact holds ("on the river Belen" -> "Belen"). The second call's argument comes
+from the first call's result, so the calls cannot be made at once; the reward is ``named`` with
+the ``via`` entity as the wrong name (answering with the first lookup's result scores 0).
+
 The default entities and facts below are this project's own, checked in as
 ``recipes/agentic/tito/data/glossary.jsonl``; a profile's ``tasks`` names any file or pinned Hub
 dataset with ``name`` and ``fact`` columns, loaded through ``datasets`` (:func:`load_facts`).
@@ -115,6 +122,27 @@ class CompareTask(GlossaryTools, vf.Task[CompareTaskData, vf.State, GlossaryTask
         return named(self.data.answer, self.data.other, trace.last_reply)
 
 
+class ChainTaskData(vf.TaskData):
+    start: str
+    via: str
+    """The entity the start's fact names (the second lookup), a wrong answer."""
+    answer: str
+    """The name in the ``via`` entity's fact that the reply must give."""
+
+
+class ChainTask(GlossaryTools, vf.Task[ChainTaskData, vf.State, GlossaryTaskConfig]):
+    @vf.reward(weight=1.0)
+    async def named(self, trace: vf.Trace) -> float:
+        return named(self.data.answer, self.data.via, trace.last_reply)
+
+
+def chain_prompt(start: str, ask: str) -> str:
+    return (
+        f'Use the `{TOOL_NAME}` tool to look up "{start}", then look up the place it names. '
+        f"{ask.strip()} Reply with the name inside <answer></answer> tags."
+    )
+
+
 def compare_prompt(first: str, second: str, ask: str) -> str:
     return (
         f'Use the `{TOOL_NAME}` tool to look up both "{first}" and "{second}". {ask.strip()} '
@@ -162,8 +190,28 @@ def compare_tasks(config: GlossaryConfig, questions: list[dict[str, str]]) -> li
     ]
 
 
+def chain_tasks(config: GlossaryConfig, questions: list[dict[str, str]]) -> list[ChainTask]:
+    """One task per chain question (rows from :func:`load_chain_questions`)."""
+    return [
+        ChainTask(
+            ChainTaskData(
+                idx=i,
+                name=q["start"],
+                prompt=chain_prompt(q["start"], q["ask"]),
+                start=q["start"],
+                via=q["via"],
+                answer=q["answer"],
+            ),
+            config.task,
+        )
+        for i, q in enumerate(questions)
+    ]
+
+
 def task_reward(task, last_reply: str | None) -> float:
     """The task's reward for the episode's last reply (the same as its ``@vf.reward``)."""
+    if isinstance(task.data, ChainTaskData):
+        return named(task.data.answer, task.data.via, last_reply)
     if isinstance(task.data, CompareTaskData):
         return named(task.data.answer, task.data.other, last_reply)
     return looked_up(task.data.answer, last_reply)
@@ -219,6 +267,41 @@ def load_questions(
             raise DataError(
                 f"{where} column 'answer' = {row['answer']!r} is neither first "
                 f"({row['first']!r}) nor second ({row['second']!r})"
+            )
+    return [{k: str(row[k]).strip() for k in columns} for row in rows]
+
+
+def load_chain_questions(
+    field: str, source: str, base_dir: Path, facts: dict[str, str]
+) -> list[dict[str, str]]:
+    """Chain questions (``start``, ``via``, ``ask``, ``answer`` columns, through ``datasets``).
+    The chain must hold in the glossary: ``start`` and ``via`` are different entities, the
+    start's fact names ``via`` (the first lookup leads to the second) and the via's fact holds
+    the answer; anything else is refused naming the row, the column and the value."""
+    from cortex_recipes.data import DataError, load_records
+
+    columns = {c: fact_column for c in ("start", "via", "ask", "answer")}
+    rows = load_records(field, source, base_dir, columns)
+    for n, row in enumerate(rows, start=1):
+        where = f"{field}={source!r}: row {n}"
+        for column in ("start", "via"):
+            if entity_key(row[column]) not in facts:
+                raise DataError(
+                    f"{where} column {column!r} = {row[column]!r} is not in the glossary "
+                    "(the profile's tasks); the lookup could not answer it"
+                )
+        start, via = entity_key(row["start"]), entity_key(row["via"])
+        if start == via:
+            raise DataError(f"{where}: start and via are the same entity {row['start']!r}")
+        if via not in entity_key(facts[start]):
+            raise DataError(
+                f"{where} column 'via' = {row['via']!r} is not named by the fact of "
+                f"{row['start']!r} ({facts[start]!r}); the first lookup would not lead there"
+            )
+        if entity_key(row["answer"]) not in entity_key(facts[via]):
+            raise DataError(
+                f"{where} column 'answer' = {row['answer']!r} is not in the fact of "
+                f"{row['via']!r} ({facts[via]!r}); the second lookup would not find it"
             )
     return [{k: str(row[k]).strip() for k in columns} for row in rows]
 

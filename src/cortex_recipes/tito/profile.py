@@ -17,6 +17,7 @@ from cortex_recipes.sub_jobs import batch_problem, journey_sub_jobs
 # A renderer with a token-exact bridge between turns; chat-template rendering cannot
 # guarantee token extension.
 RENDERERS = ("qwen3",)
+QUESTION_TYPES = ("compare", "chain")
 # Turns waiting in a lockstep batch each hold one of the gateway's worker threads (40).
 MAX_PLAY_TOGETHER = 32
 
@@ -30,6 +31,13 @@ class WarmStart:
         gt=0, doc="demonstrations per step, across all GPUs (the global batch)"
     )
     learning_rate: float = setting(gt=0, doc="AdamW learning rate of the warm start")
+    complete_share: float = setting(
+        1.0,
+        ge=0,
+        doc="chain questions: the share of demonstrations (at most 1) that make the second "
+        "lookup; the rest stop after the first and answer with what it returned (a "
+        "demonstrator that gives up early), placed by a seeded shuffle",
+    )
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,13 @@ class TitoProfile:
         doc="held-out comparison questions for the greedy eval (same columns); empty: evaluate "
         "on the training tasks",
     )
+    question_type: str = setting(
+        "compare",
+        choices=QUESTION_TYPES,
+        doc="compare: questions name first and second, looked up at once; chain: questions "
+        "name start, via, ask and answer, where start's fact names via and via's fact holds "
+        "the answer, so the two lookups come one after the other",
+    )
     add_renderer_tokens: bool = setting(
         False,
         doc="run on a copy of the model with the renderer's missing special tokens added (a "
@@ -118,6 +133,15 @@ class TitoProfile:
             )
         if self.eval_questions and not self.questions:
             return "eval_questions needs questions: held-out comparisons of a comparison task"
+        if self.warm_start.complete_share > 1:
+            return f"warm_start.complete_share={self.warm_start.complete_share} must be at most 1"
+        if self.warm_start.complete_share < 1 and not (
+            self.questions and self.question_type == "chain"
+        ):
+            return (
+                f"warm_start.complete_share={self.warm_start.complete_share} applies only to "
+                "chain questions (question_type chain with questions)"
+            )
         return batch_problem(
             self.training, self.warm_start.batch_size, self.n_gpus, "warm_start.batch_size"
         )

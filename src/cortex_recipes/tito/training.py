@@ -12,13 +12,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from cortex_recipes import frames
-from cortex_recipes.envs.glossary import TOOL_NAME, compare_prompt, entity_key, prompt_for
+from cortex_recipes.envs.glossary import (
+    TOOL_NAME,
+    chain_prompt,
+    compare_prompt,
+    entity_key,
+    prompt_for,
+)
 from cortex_recipes.rl.grpo import group_advantages
 from cortex_recipes.supervision import TrainOnWhat, render_supervised
 from cortex_recipes.tito.episode import Episode
@@ -74,16 +81,61 @@ def compare_demonstration(question: dict[str, str], facts: dict[str, str]) -> li
     ]
 
 
+def chain_demonstration(
+    question: dict[str, str], facts: dict[str, str], *, complete: bool = True
+) -> list[dict[str, Any]]:
+    """A chain: look up ``start``, then (a turn later) the entity its fact names, then answer.
+    ``complete=False`` is a demonstrator that stops after the first lookup and answers with
+    the entity it returned (a wrong answer)."""
+    start, via = question["start"], question["via"]
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": chain_prompt(start, question["ask"])},
+        {"role": "assistant", "content": "", "tool_calls": [_call(0, start)]},
+        {"role": "tool", "tool_call_id": "call_0", "content": facts[entity_key(start)]},
+    ]
+    if not complete:
+        return [*messages, {"role": "assistant", "content": f"<answer>{via}</answer>"}]
+    return [
+        *messages,
+        {"role": "assistant", "content": "", "tool_calls": [_call(1, via)]},
+        {"role": "tool", "tool_call_id": "call_1", "content": facts[entity_key(via)]},
+        {"role": "assistant", "content": f"<answer>{question['answer']}</answer>"},
+    ]
+
+
+def completed_chains(n: int, share: float, seed: int) -> list[bool]:
+    """Which of ``n`` chain demonstrations make the second lookup: ``round(share * n)`` of
+    them, placed by a seeded shuffle."""
+    complete = [k < round(share * n) for k in range(n)]
+    random.Random(seed).shuffle(complete)
+    return complete
+
+
 def demonstrations(
-    tokenizer, renderer, tools, facts: dict[str, str], questions: Sequence[dict] = ()
+    tokenizer,
+    renderer,
+    tools,
+    facts: dict[str, str],
+    questions: Sequence[dict] = (),
+    *,
+    question_type: str = "compare",
+    complete_share: float = 1.0,
+    seed: int = 0,
 ) -> list:
     """The warm start's examples, rendered with the tools, weights on assistant turns: one
-    comparison per question when there are ``questions``, else one lookup per entity."""
-    conversations = (
-        [compare_demonstration(q, facts) for q in questions]
-        if questions
-        else [demonstration(entity, fact) for entity, fact in facts.items()]
-    )
+    comparison (or chain) per question when there are ``questions``, else one lookup per
+    entity. Of chains, ``complete_share`` make both lookups (:func:`completed_chains`)."""
+    if not questions:
+        conversations = [demonstration(entity, fact) for entity, fact in facts.items()]
+    elif question_type == "chain":
+        conversations = [
+            chain_demonstration(q, facts, complete=c)
+            for q, c in zip(
+                questions, completed_chains(len(questions), complete_share, seed), strict=True
+            )
+        ]
+    else:
+        conversations = [compare_demonstration(q, facts) for q in questions]
     return [
         render_supervised(
             messages,
