@@ -52,7 +52,8 @@ import importlib, importlib.metadata as md, importlib.util, json, platform, sys
 import torch
 modules = ["cortex_training", "chz", "fastapi", "uvicorn", "peft", "transformers", "renderers",
            "reasoning_gym", "verifiers", "cortex_recipes.local.app", "cortex_recipes.local.worker",
-           "cortex_recipes.envs", "cortex_recipes.tito", "platformdirs"]
+           "cortex_recipes.envs", "cortex_recipes.tito", "cortex_recipes.run", "cortex_recipes.data",
+           "datasets", "cortex_recipes.primerl.rollout_files", "platformdirs"]
 failed = {}
 for name in modules:
     try:

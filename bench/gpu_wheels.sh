@@ -2,9 +2,9 @@
 # Download, here (where PyPI is reachable), the wheels that bench/gpu_check.sh installs on a
 # bare GPU machine, into .whl/ (ignored by git: what copies the tree there must carry it too).
 # Versions come from uv.lock. The machine already has torch, transformers, peft and the
-# packages its image lists (docs/local-backend.md, "The GPU path"), so only what it lacks is
-# fetched: the project's imports minus the image's packages, found by tracing every import of a
-# CPU run of the check.
+# packages its image lists (bench/gpu_image_packages.txt), so only what it lacks is fetched:
+# the project's imports minus the image's packages. tests/unit/test_gpu_wheels.py checks every
+# import in src/ and recipes/ against this list and the image's.
 #
 #   bench/gpu_wheels.sh            # fills .whl/, prints the sizes against the 64 MiB limit
 #   bench/gpu_wheels.sh --python-version 3.11 --dest /tmp/whl311   # for a rehearsal here
@@ -30,6 +30,10 @@ packages=(
   # the backend's server
   fastapi starlette pydantic pydantic-core annotated-types typing-inspection opentelemetry-api
   python-multipart uvicorn
+  # metrics and profile records are checked against JSON Schemas (cortex_recipes.schema)
+  jsonschema jsonschema-specifications referencing rpds-py
+  # training data through `datasets` (cortex_recipes.data); prime-rl's rollout files (msgspec)
+  datasets dill multiprocess msgspec
   # SFT, OPD, TITO: renderers and the OpenAI client it builds on
   renderers openai jiter distro sniffio prime-pydantic-config openai-harmony
   # GRPO: reasoning-gym and what it imports on import (pycosat: bench/gpu_standins)
