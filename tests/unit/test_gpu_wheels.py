@@ -103,7 +103,7 @@ def test_every_imported_package_is_carried_or_in_the_gpu_image():
     )
 
 
-def test_the_check_names_a_package_that_nothing_provides(tmp_path):
+def test_a_package_neither_carried_nor_in_the_image_is_named(tmp_path):
     module = tmp_path / "pkg" / "m.py"
     module.parent.mkdir()
     module.write_text("import json\nfrom jsonschema import validate\nimport wandb\n")
