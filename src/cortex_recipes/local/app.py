@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -164,7 +165,7 @@ def create_app(
         return backend.operation(job_id, await _json(request, max_body_bytes, "operation"))
 
     @app.get(PREFIX + "/{job_id}/requests/{request_id}")
-    def request_status(
+    async def request_status(
         database: str,
         schema: str,
         job_id: str,
@@ -172,6 +173,10 @@ def create_app(
         cursor: str | None = None,
         max_events: int | None = None,
     ) -> dict[str, Any]:
-        return data_plane.request_status(job_id, request_id, cursor, max_events)
+        if not cursor:  # a first poll is held until the request settles (bounded)
+            await data_plane.wait_for_request(job_id, request_id)
+        return await anyio.to_thread.run_sync(
+            data_plane.request_status, job_id, request_id, cursor, max_events
+        )
 
     return app

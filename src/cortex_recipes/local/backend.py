@@ -17,6 +17,7 @@ from cortex_recipes.local.data_plane import DataPlane
 from cortex_recipes.local.dispatch import Dispatcher
 from cortex_recipes.local.operations import run_operation
 from cortex_recipes.local.registry import JobRegistry
+from cortex_recipes.local.request_store import POLL_HOLD_S
 
 
 class Backend:
@@ -27,7 +28,7 @@ class Backend:
         device: str = "auto",
         threads: int | None = None,
         result_chunk_bytes: int = 8 * 1024 * 1024,
-        poll_wait_s: float = 0.25,
+        poll_wait_s: float = POLL_HOLD_S,
     ):
         self.registry = JobRegistry(
             state_dir,

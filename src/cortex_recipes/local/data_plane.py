@@ -190,15 +190,49 @@ class DataPlane:
         rows = validation.validate_generate(
             frame, max_seq_len=spec.max_seq_len, vocab=job.vocab_size(spec.sub_job_id)
         )
-        request = self.dispatcher.on_worker(
-            job,
-            spec.sub_job_id,
-            "generate",
-            {"op": "generate", "rows": [row.to_json() for row in rows]},
-        )
+        n = len(rows)
+        with job.lock:
+            self._admit_rows(job, spec, n)
+            request = self.dispatcher.on_worker(
+                job,
+                spec.sub_job_id,
+                "generate",
+                {"op": "generate", "rows": [row.to_json() for row in rows]},
+            )
+        request.on_done(lambda: self._release_rows(job, spec.sub_job_id, n))
         return {"request_id": request.request_id, "job_id": job_id}
 
+    @staticmethod
+    def _admit_rows(job: Job, spec, n: int) -> None:
+        """Count ``n`` more rows against the sampler's bound: what it decodes at once
+        (``max_num_seqs``) plus what may wait (``max_queued_rows``). A request over the whole
+        bound is a 400; one that does not fit now is a 429 (the SDK retries it)."""
+        limit = spec.max_num_seqs + spec.max_queued_rows
+        if n > limit:
+            raise BackendError(
+                f"generate has {n} prompts; sampling sub-job {spec.sub_job_id} holds at most "
+                f"{limit} rows (inference_config.vllm_config max_num_seqs {spec.max_num_seqs} "
+                f"+ max_queued_rows {spec.max_queued_rows})"
+            )
+        held = job.sampler_rows.get(spec.sub_job_id, 0)
+        if held + n > limit:
+            raise BackendError(
+                f"sampling sub-job {spec.sub_job_id} is full: {held} rows running or queued, "
+                f"{n} more asked for, limit {limit}; retry when some finish",
+                status=429,
+                code="sampler_queue_full",
+            )
+        job.sampler_rows[spec.sub_job_id] = held + n
+
+    @staticmethod
+    def _release_rows(job: Job, sub_job_id: str, n: int) -> None:
+        with job.lock:
+            job.sampler_rows[sub_job_id] = job.sampler_rows.get(sub_job_id, 0) - n
+
     # -- requests ---------------------------------------------------------------------------------
+
+    async def wait_for_request(self, job_id: str, request_id: str) -> None:
+        await self.registry.get(job_id).requests.wait(request_id)
 
     def request_status(
         self, job_id: str, request_id: str, cursor: str | None, max_events: int | None

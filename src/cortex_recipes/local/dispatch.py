@@ -82,8 +82,10 @@ class Dispatcher:
         self, job: Job, sub_job_id: str, operation: str, header: dict, body: bytes = b""
     ) -> Request:
         request = job.requests.new(sub_job_id, operation)
-        future = job.workers[sub_job_id].submit({**header, "id": request.request_id}, body)
+        handle = job.workers[sub_job_id]
+        future = handle.submit({**header, "id": request.request_id}, body)
         request.future = future
+        request.canceller = lambda: handle.cancel(future)
         future.add_done_callback(request.complete_from)
         return request
 

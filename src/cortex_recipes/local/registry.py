@@ -14,7 +14,6 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import uuid
@@ -27,8 +26,9 @@ from typing import Any
 from cortex_recipes.local import devices, validation
 from cortex_recipes.local.checkpoints import CheckpointStore
 from cortex_recipes.local.chunks import ChunkAssembler
+from cortex_recipes.local.cores import CoreBalancer
 from cortex_recipes.local.errors import BackendError, Conflict, NotFound
-from cortex_recipes.local.request_store import RequestStore
+from cortex_recipes.local.request_store import POLL_HOLD_S, RequestStore
 from cortex_recipes.local.specs import SubJobSpec, WorkerSpec, abridge, parse_sub_jobs
 from cortex_recipes.local.workers import WorkerHandle
 from cortex_recipes.models import FIXTURE_MODELS, ModelNotAvailableError, resolve_model_path
@@ -49,6 +49,8 @@ class Job:
     chunks: ChunkAssembler = field(default_factory=ChunkAssembler)
     lock: threading.RLock = field(default_factory=threading.RLock)
     weight_version: int = 0
+    # Rows of generate requests not yet settled, per sampling sub-job (the 429 bound).
+    sampler_rows: dict[str, int] = field(default_factory=dict)
 
     def sub_job(self, sub_job_id: Any) -> SubJobSpec:
         for spec in self.specs:
@@ -80,13 +82,14 @@ class JobRegistry:
         device: str = "auto",
         threads: int | None = None,
         result_chunk_bytes: int = 8 * 1024 * 1024,
-        poll_wait_s: float = 0.25,
+        poll_wait_s: float = POLL_HOLD_S,
     ):
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.device_mode = devices.device_mode(device)
         self.cuda_count = devices.visible_cuda_devices()
         self.threads = threads
+        self.cores = CoreBalancer()
         self.result_chunk_bytes = result_chunk_bytes
         self.poll_wait_s = poll_wait_s
         self.checkpoints = CheckpointStore(self.state_dir)
@@ -150,8 +153,8 @@ class JobRegistry:
             self.jobs[job_id] = job
         run_dir = self.job_dir(job_id) / "run"
         run_dir.mkdir(parents=True, exist_ok=True)
-        on_cpu = sum(1 for d in placement.values() if d == devices.CPU)
-        threads = self.threads or max(1, (os.cpu_count() or 1) // max(1, on_cpu))
+        # Without a fixed --threads, CPU workers share the cores among the busy ones (cores.py).
+        threads = self.threads or self.cores.cores
         for spec in specs:
             device = placement[spec.sub_job_id]
             worker_spec = WorkerSpec(
@@ -168,6 +171,10 @@ class JobRegistry:
                 optimizer=spec.optimizer.__dict__ if spec.optimizer else None,
                 gradient_clipping=spec.gradient_clipping,
                 load_optimizer_states=spec.load_optimizer_states,
+                max_num_seqs=spec.max_num_seqs if spec.job_type == "sampling" else 0,
+                max_num_batched_tokens=(
+                    spec.max_num_batched_tokens if spec.job_type == "sampling" else 0
+                ),
                 source_checkpoint_dir=(
                     str(
                         self.checkpoints.directory(
@@ -184,6 +191,7 @@ class JobRegistry:
                 run_dir,
                 run_dir / f"{spec.sub_job_id.replace(':', '_')}.log",
                 on_death=lambda handle, reason, job=job: self._worker_died(job, handle, reason),
+                cores=self.cores if device == devices.CPU and not self.threads else None,
             )
         self._pool.submit(self._watch_start, job)
         return {"job_id": job_id}

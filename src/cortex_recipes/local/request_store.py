@@ -11,12 +11,16 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import hashlib
+import re
 import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,12 +28,17 @@ from typing import Any
 from cortex_training import wire
 
 from cortex_recipes.local.errors import BackendError, NotFound
-from cortex_recipes.local.workers import WorkerReply, WorkerStopped
+from cortex_recipes.local.workers import WorkerCancelled, WorkerReply, WorkerStopped
 
 # Enough for every request a journey polls to stay pollable; a bound on the memory results hold.
 MAX_REQUESTS_KEPT = 512
 # The most result_chunk events one poll returns.
 MAX_EVENTS_PER_POLL = 512
+# How long a poll of an unfinished request is held waiting for it to settle: long enough that a
+# step's result goes back the moment it is ready, short enough for any client's read timeout.
+POLL_HOLD_S = 20.0
+# How long cancel-request waits for its target to settle before it reports the target's status.
+CANCEL_SETTLE_S = 10.0
 
 
 @dataclass
@@ -45,25 +54,44 @@ class Request:
     result: bytes | None = None
     error: str | None = None
     future: Future | None = None
+    # Asks whoever runs the request to drop it (set for requests that run on a worker).
+    canceller: Callable[[], bool] | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    _callbacks: list[Callable[[], None]] = field(default_factory=list)
+    _settle: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> None:
         self.status, self.started_at = "running", time.time()
 
+    def _settled(self, status: str, result: bytes | None, error: str | None) -> None:
+        with self._settle:
+            if self.done.is_set():
+                return
+            self.status, self.result, self.error = status, result, error
+            self.updated_at = time.time()
+            self.done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
     def finish(self, *, result: bytes | None = None, error: str | None = None) -> None:
-        if self.done.is_set():
-            return
-        self.result, self.error = result, error
-        self.status = "failed" if error is not None else "completed"
-        self.updated_at = time.time()
-        self.done.set()
+        self._settled("failed" if error is not None else "completed", result, error)
 
     def cancel(self, reason: str) -> None:
-        if self.done.is_set():
-            return
-        self.status, self.error = "cancelled", reason
-        self.updated_at = time.time()
-        self.done.set()
+        self._settled("cancelled", None, reason)
+
+    def on_done(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from the settling thread) once the request settles; at once if
+        it has."""
+        with self._settle:
+            if not self.done.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def forget_callback(self, callback: Callable[[], None]) -> None:
+        with self._settle, contextlib.suppress(ValueError):
+            self._callbacks.remove(callback)
 
     def complete_from(self, future: Future) -> None:
         """Settle this request from a worker future (the future's done callback)."""
@@ -71,7 +99,10 @@ class Request:
             self.cancel("cancelled before it started")
             return
         exc = future.exception()
-        if isinstance(exc, WorkerStopped):
+        if isinstance(exc, WorkerCancelled):
+            self.started_at = exc.started_at
+            self.cancel("cancelled by request")
+        elif isinstance(exc, WorkerStopped):
             self.cancel(f"cancelled: {exc}")
         elif exc is not None:
             self.finish(error=str(exc))
@@ -90,8 +121,9 @@ class RequestStore:
     def __init__(self, job_id: str, *, result_chunk_bytes: int, poll_wait_s: float):
         self.job_id = job_id
         self.result_chunk_bytes = result_chunk_bytes
-        # A status poll of an unfinished request waits up to poll_wait_s for it to finish, so a
-        # client polling in a tight loop neither adds latency nor steals CPU from the workers.
+        # A status poll of an unfinished request is held up to poll_wait_s until it settles
+        # (:meth:`wait`): the answer goes out the moment the result is ready, so a client's
+        # sleep between polls adds nothing, and a tight polling loop steals no CPU.
         self.poll_wait_s = poll_wait_s
         self._requests: OrderedDict[str, Request] = OrderedDict()
         self._lock = threading.Lock()
@@ -128,16 +160,42 @@ class RequestStore:
                 request.finish(error=reason)
 
     def cancel(self, request_id: str) -> dict[str, Any]:
+        """Cancel a request that has not finished, queued or running (a generation leaves its
+        batch at the next decode step); report whether it ended cancelled."""
         request = self.get(request_id)
-        cancelled = bool(request.future and request.future.cancel())
-        if cancelled:
-            request.cancel("cancelled by request")
+        if not request.done.is_set():
+            asked = request.canceller() if request.canceller is not None else False
+            if not asked and request.future is not None:
+                asked = request.future.cancel()
+                if asked:
+                    request.cancel("cancelled by request")
+            if asked:
+                request.done.wait(CANCEL_SETTLE_S)
+        cancelled = request.status == "cancelled"
         return {"request_id": request_id, "cancelled": cancelled, "status": request.status}
+
+    async def wait(self, request_id: str) -> None:
+        """Wait (without holding a thread) until the request settles or ``poll_wait_s``
+        passes, so a client's poll returns the moment its result is ready."""
+        request = self.get(request_id)
+        if request.done.is_set() or self.poll_wait_s <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        settled = loop.create_future()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(lambda: settled.done() or settled.set_result(None))
+
+        request.on_done(wake)
+        try:
+            await asyncio.wait_for(settled, self.poll_wait_s)
+        except TimeoutError:
+            pass
+        finally:
+            request.forget_callback(wake)
 
     def status(self, request_id: str, cursor: str | None, max_events: int | None) -> dict:
         request = self.get(request_id)
-        if not cursor:
-            request.done.wait(self.poll_wait_s)
         status = request.status
         if status == "pending" and request.future is not None and request.future.running():
             status = "running"
@@ -167,7 +225,7 @@ class RequestStore:
             }
             return body
         chunks = wire.encode_byte_chunks(frame, kind="result", max_bytes=self.result_chunk_bytes)
-        if cursor and (not cursor.isdigit() or len(cursor) > 12):
+        if cursor and not re.fullmatch(r"[0-9]{1,12}", cursor):
             raise BackendError(f"cursor={cursor[:40]!r} is not a cursor this server issued")
         start = int(cursor) if cursor else 0
         if not 0 <= start <= len(chunks):

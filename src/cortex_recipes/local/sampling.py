@@ -5,7 +5,8 @@ is what a trainer computes for the same ids; this matches vLLM's ``raw_logprobs`
 
 Everything runs on the model's device, per-row generators included (a generator must live on
 the device whose tensors it samples). Parameters arrive validated
-(:func:`cortex_recipes.local.validation.parse_sampling_params`).
+(:func:`cortex_recipes.local.validation.parse_sampling_params`). The continuous-batching loop
+that drives these rows is :mod:`cortex_recipes.local.batcher`.
 """
 
 from __future__ import annotations
@@ -75,6 +76,13 @@ class _Row:
         self.stop_reason: int | str | None = None
         self.text_cut: int | None = None
         self.done = False
+        # (weight version, index of the first output token sampled under it), in order.
+        self.versions: list[tuple[int, int]] = []
+
+    def note_version(self, version: int) -> None:
+        """Record that the next token is sampled under weight ``version``."""
+        if not self.versions or self.versions[-1][0] != version:
+            self.versions.append((version, len(self.out_ids)))
 
     def record(self, token: int, logprob: float | None, top: list[tuple[float, int]]) -> None:
         """Append the chosen token (and its logprobs); update the stop state."""
@@ -114,6 +122,9 @@ class _Row:
         }
         if self.params.logprobs is not None:
             result["logprobs"] = self.out_logprobs
+        # Which weights sampled which tokens: a weight sync can land between two decode steps.
+        result["weight_versions"] = [v for v, _ in self.versions]
+        result["weight_version_starts"] = [start for _, start in self.versions]
         return result
 
 
@@ -150,72 +161,3 @@ def _advance(rows: list[_Row], logits: torch.Tensor) -> list[int]:
     for i, row in enumerate(rows):
         row.record(ids[i], chosen.get(i), tops.get(i, []))
     return ids
-
-
-@torch.no_grad()
-def generate_one(
-    model,
-    tokenizer,
-    prompt_ids: list[int],
-    params: SamplingParams,
-    eos_ids: set[int],
-    generator: torch.Generator,
-) -> dict[str, Any]:
-    """Sample one completion for ``prompt_ids``."""
-    device = next(model.parameters()).device
-    row = _Row(tokenizer, prompt_ids, params, eos_ids, generator)
-    inputs = torch.tensor([prompt_ids], dtype=torch.long, device=device)
-    past = None
-    while not row.done:
-        outputs = model(input_ids=inputs, past_key_values=past, use_cache=True)
-        past = outputs.past_key_values
-        (token,) = _advance([row], outputs.logits[:, -1].float())
-        inputs = torch.tensor([[token]], dtype=torch.long, device=device)
-    return row.result()
-
-
-@torch.no_grad()
-def generate_batch(
-    model,
-    tokenizer,
-    prompts: list[list[int]],
-    params: SamplingParams,
-    eos_ids: set[int],
-    generators: list[torch.Generator],
-    pad_id: int,
-) -> list[dict[str, Any]]:
-    """Sample one completion per prompt in one batched, left-padded KV-cache loop.
-
-    Every row has its own generator, so a row's sample depends on its seed, not on its
-    neighbours. Finished rows are fed padding (masked out) until the last row finishes.
-    """
-    device = next(model.parameters()).device
-    rows = [
-        _Row(tokenizer, p, params, eos_ids, g) for p, g in zip(prompts, generators, strict=True)
-    ]
-    width = max(len(p) for p in prompts)
-    inputs = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
-    attention = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
-    for i, prompt in enumerate(prompts):
-        inputs[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long, device=device)
-        attention[i, width - len(prompt) :] = 1
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    past = None
-    while not all(row.done for row in rows):
-        outputs = model(
-            input_ids=inputs,
-            attention_mask=attention,
-            position_ids=positions,
-            past_key_values=past,
-            use_cache=True,
-        )
-        past = outputs.past_key_values
-        logits = outputs.logits[:, -1].float()
-        live = [i for i, row in enumerate(rows) if not row.done]
-        step = [pad_id] * len(rows)
-        for i, token in zip(live, _advance([rows[i] for i in live], logits[live]), strict=True):
-            step[i] = token
-        inputs = torch.tensor([[t] for t in step], dtype=torch.long, device=device)
-        attention = torch.cat([attention, torch.ones_like(inputs)], dim=1)
-        positions = positions[:, -1:] + 1
-    return [row.result() for row in rows]

@@ -246,7 +246,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         default=None,
-        help="torch threads per worker (default: cores / sub-jobs)",
+        help="torch threads per worker, fixed (default: the cores, shared among busy CPU workers)",
     )
 
 

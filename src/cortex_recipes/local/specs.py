@@ -63,6 +63,17 @@ class LoraSpec:
         }
 
 
+# Continuous-batching limits of a sampling sub-job, set per sub-job in
+# inference_config.vllm_config (max_num_seqs and max_num_batched_tokens are vLLM's engine
+# argument names; max_queued_rows is the local backend's own). The defaults let one generate
+# request of validation.MAX_PROMPTS (4096) rows queue whole.
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 262_144
+DEFAULT_MAX_QUEUED_ROWS = 8192
+BATCH_LIMIT_KEYS = ("max_num_seqs", "max_num_batched_tokens", "max_queued_rows")
+MAX_BATCH_LIMIT = 2**24
+
+
 @dataclass
 class SubJobSpec:
     sub_job_id: str
@@ -78,6 +89,11 @@ class SubJobSpec:
     load_optimizer_states: bool = True
     lora: LoraSpec | None = None
     source_checkpoint: dict[str, str] | None = None
+    # Sampling sub-jobs: rows decoded at once, tokens (prompt + max_tokens) they may hold, and
+    # rows that may wait beyond them before generate answers 429 (docs/local-backend.md).
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    max_queued_rows: int = DEFAULT_MAX_QUEUED_ROWS
 
     def to_wire(self) -> dict[str, Any]:
         return {"sub_job_id": self.sub_job_id, **self.raw}
@@ -101,6 +117,8 @@ class WorkerSpec:
     gradient_clipping: float | None = None
     load_optimizer_states: bool = True
     source_checkpoint_dir: str | None = None
+    max_num_seqs: int = 0  # 0 for sub-jobs that do not sample
+    max_num_batched_tokens: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -220,6 +238,21 @@ def parse_lora(block: Any, where: str) -> LoraSpec | None:
     )
 
 
+def _batch_limits(spec: SubJobSpec, block: Any, where: str) -> None:
+    """The sampling limits in ``vllm_config`` (other vllm_config keys pass through)."""
+    if block is None:
+        return
+    if not isinstance(block, dict):
+        raise BackendError(f"{where}={abridge(block)} must be an object")
+    for name in BATCH_LIMIT_KEYS:
+        if block.get(name) is None:
+            continue
+        value = _positive_int(block[name], f"{where}.{name}")
+        if value > MAX_BATCH_LIMIT:
+            raise BackendError(f"{where}.{name}={value} is above {MAX_BATCH_LIMIT}")
+        setattr(spec, name, value)
+
+
 def parse_sub_jobs(job_id: str, configs: Any) -> list[SubJobSpec]:
     if not isinstance(configs, list) or not configs:
         raise BackendError("sub_job_configs must be a non-empty list")
@@ -275,6 +308,8 @@ def parse_sub_jobs(job_id: str, configs: Any) -> list[SubJobSpec]:
             )
         spec.n_gpus = _positive_int(block.get("n_gpus"), f"{where}.{key}.n_gpus")
         spec.lora = parse_lora(block.get("peft_config"), f"{where}.{key}.peft_config")
+        if job_type == "sampling":
+            _batch_limits(spec, block.get("vllm_config"), f"{where}.{key}.vllm_config")
         if job_type == "training":
             _positive_int(block.get("train_batch_size"), f"{where}.{key}.train_batch_size")
             spec.optimizer = parse_optimizer(block.get("optimizer"), f"{where}.{key}.optimizer")

@@ -102,7 +102,9 @@ def start_weight_sync(
             reply = job.workers[source].submit({"op": "export_weights", **header}).result()
             exported = worker_result(reply, f"export from {source}")
             futures = {
-                t.sub_job_id: job.workers[t.sub_job_id].submit({"op": "import_weights", **header})
+                t.sub_job_id: job.workers[t.sub_job_id].submit(
+                    {"op": "import_weights", "weight_version": version, **header}
+                )
                 for t in target_specs
             }
             for target, future in futures.items():

@@ -1,8 +1,10 @@
-"""A sub-job's worker process: one model on one device, one command at a time.
+"""A sub-job's worker process: one model on one device; commands in arrival order, and for a
+sampling sub-job, continuous batching between them (:class:`_Loop`).
 
 Started by the server as ``python -m cortex_recipes.local.worker --fd N --spec FILE``; talks
 over the inherited socket with :mod:`cortex_recipes.local.protocol`. A command that fails
-returns an error message and leaves the worker ready for the next one.
+returns an error message and leaves the worker ready for the next one. Every reply carries the
+command's ``seq``, so the server may send the next command before the last one is answered.
 
 Invariants:
 - The model lives on the spec's device (a GPU worker sees only its own GPU, as ``cuda:0``).
@@ -19,8 +21,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import queue
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -32,9 +36,10 @@ import torch
 from cortex_training import wire
 
 from cortex_recipes.local import checkpoints, processors
+from cortex_recipes.local.batcher import Batcher, Limits, Pending, StepFailed
 from cortex_recipes.local.errors import BackendError
 from cortex_recipes.local.protocol import ConnectionClosed, recv_message, send_message
-from cortex_recipes.local.sampling import SamplingParams, generate_batch, generate_one
+from cortex_recipes.local.sampling import _Row
 from cortex_recipes.local.specs import WorkerSpec
 from cortex_recipes.local.validation import GenerateRow, Processing, frame_temperature
 
@@ -120,6 +125,8 @@ class Worker:
             else min(self.eos_ids, default=0)
         )
         self.global_steps = 0
+        # The weight version a sampler holds (0: as loaded); set by each weight import.
+        self.weight_version = 0
         self.optimizer = None
         if self.job_type == "training":
             self.model.train()
@@ -329,7 +336,9 @@ class Worker:
             checkpoints.load_adapter(self.model, Path(header["path"]))
         else:
             checkpoints.load_full_weights(self.model, Path(header["path"]))
-        return {"job_id": self.job_id}
+        if header.get("weight_version") is not None:
+            self.weight_version = int(header["weight_version"])
+        return {"job_id": self.job_id, "weight_version": self.weight_version}
 
     # -- inference ------------------------------------------------------------------------------
 
@@ -350,9 +359,9 @@ class Worker:
         # forward exists to score tokens, so logprobs come back with or without post processors.
         return {"job_id": self.job_id, "post_process_outputs": {"logprobs": logprobs.float()}}
 
-    def generate(self, header: dict[str, Any], _: Any = None) -> dict[str, Any]:
-        """Rows that share sampling parameters (all but the seed) are sampled as one batch."""
-        rows: list[tuple[list[int], SamplingParams, torch.Generator]] = []
+    def generate_request(self, header: dict[str, Any]) -> Pending:
+        """A generate command's rows, ready for the batcher (it samples them)."""
+        rows: list[_Row] = []
         for i, raw in enumerate(header["rows"]):
             row = GenerateRow.from_json(raw)
             params = row.params
@@ -374,37 +383,17 @@ class Worker:
                 if params.seed is not None
                 else self.generator
             )
-            rows.append((prompt_ids, params, generator))
-        batches: dict[SamplingParams, list[int]] = {}
-        for i, (_, params, _) in enumerate(rows):
-            batches.setdefault(replace(params, seed=None), []).append(i)
-        results: list[dict[str, Any] | None] = [None] * len(rows)
-        for params, members in batches.items():
-            if len(members) == 1:
-                prompt_ids, own, generator = rows[members[0]]
-                results[members[0]] = generate_one(
-                    self.model, self.tokenizer, prompt_ids, own, self.eos_ids, generator
-                )
-                continue
-            outs = generate_batch(
-                self.model,
-                self.tokenizer,
-                [rows[i][0] for i in members],
-                params,
-                self.eos_ids,
-                [rows[i][2] for i in members],
-                self.pad_id,
-            )
-            for i, out in zip(members, outs, strict=True):
-                results[i] = out
-        return {"job_id": self.job_id, "results": results}
+            rows.append(_Row(self.tokenizer, prompt_ids, params, self.eos_ids, generator))
+        return Pending(key=header.get("seq"), rows=rows, header=header)
+
+    def generate_result(self, request: Pending) -> dict[str, Any]:
+        return {"job_id": self.job_id, "results": [row.result() for row in request.rows]}
 
     def operations(self) -> dict[str, Callable[[dict[str, Any], Any], dict[str, Any]]]:
         """The worker's operation table: op name -> handler(header, frame)."""
         return {
             "forward_backward": self.forward_backward,
             "forward": self.forward,
-            "generate": self.generate,
             "step": self.step,
             "save": self.save,
             "load": self.load,
@@ -417,6 +406,180 @@ class Worker:
 FRAME_OPS = ("forward_backward", "forward")
 
 
+class _Inbox:
+    """Commands read off the socket by a reader thread, so the main thread can take them
+    between decode steps. ``cancel`` commands are not queued: they mark their target at once
+    (the main thread drops it when it reaches it, or from the running batch)."""
+
+    def __init__(self, sock: socket.socket):
+        self._sock = sock
+        self._queue: queue.Queue = queue.Queue()
+        self._cancelled: set[int] = set()
+        self._lock = threading.Lock()
+        self.threads: int | None = None  # the torch threads the server last asked for
+        threading.Thread(target=self._read, name="inbox", daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                header, body = recv_message(self._sock)
+            except (ConnectionClosed, OSError):
+                self._queue.put(None)
+                return
+            if header.get("op") == "cancel":
+                with self._lock:
+                    self._cancelled.add(int(header["target"]))
+                self._queue.put(("wake", None))
+            elif header.get("op") == "threads":
+                self.threads = int(header["n"])  # applied by the main thread
+                self._queue.put(("wake", None))
+            else:
+                self._queue.put((header, body))
+
+    def take(self, block: bool) -> list:
+        """Every command waiting (at least one when ``block``); None marks a closed socket."""
+        items = []
+        try:
+            items.append(self._queue.get(block=block))
+            while True:
+                items.append(self._queue.get_nowait())
+        except queue.Empty:
+            pass
+        return [i for i in items if i is None or i[0] != "wake"]
+
+    def cancelled(self) -> set[int]:
+        with self._lock:
+            return set(self._cancelled)
+
+    def forget(self, seqs: set[int]) -> None:
+        with self._lock:
+            self._cancelled -= seqs
+
+
+class _Loop:
+    """The worker's main thread: commands in arrival order, generation between them.
+
+    A training or log-probability worker runs one command at a time, as they arrive. A sampling
+    worker adds generate commands to its :class:`~cortex_recipes.local.batcher.Batcher` and
+    decodes one step at a time; every other command (a weight import, a forward) runs at the
+    next step boundary, so none waits behind a generation. A reply carries the command's
+    ``seq``; a cancelled command is answered ``cancelled`` instead of run.
+    """
+
+    def __init__(self, sock: socket.socket, worker: Worker):
+        self.sock = sock
+        self.worker = worker
+        self.table = worker.operations()
+        self.inbox = _Inbox(sock)
+        self.batcher = (
+            Batcher(
+                worker.model,
+                worker.pad_id,
+                Limits(
+                    max_rows=worker.spec.max_num_seqs or Limits.max_rows,
+                    max_tokens=worker.spec.max_num_batched_tokens or Limits.max_tokens,
+                ),
+            )
+            if worker.job_type == "sampling"
+            else None
+        )
+        self.last_seq = -1
+
+    def reply(
+        self, header: dict[str, Any], started: float | None, result=None, error=None, **extra
+    ):
+        message = {"id": header.get("id"), "seq": header.get("seq"), "started_at": started}
+        if error is None:
+            send_message(self.sock, {**message, "ok": True, **extra}, wire.dumps(to_host(result)))
+        else:
+            send_message(self.sock, {**message, "ok": False, "error": error, **extra})
+
+    def run(self) -> None:
+        while True:
+            busy = self.batcher is not None and self.batcher.busy
+            for item in self.inbox.take(block=not busy):
+                if item is None:
+                    return
+                self.apply_threads()
+                self.handle(*item)
+            self.apply_threads()
+            self.apply_cancels()
+            if self.batcher is not None and self.batcher.busy:
+                self.decode_step()
+
+    def handle(self, header: dict[str, Any], body: bytes) -> None:
+        seq = header.get("seq")
+        if isinstance(seq, int):
+            self.last_seq = max(self.last_seq, seq)
+            if seq in self.inbox.cancelled():
+                self.inbox.forget({seq})
+                self.reply(header, None, error="cancelled by request", cancelled=True)
+                return
+        started = time.time()
+        op = header.get("op")
+        try:
+            if op == "generate" and self.batcher is not None:
+                self.batcher.add(self.worker.generate_request(header))
+                return
+            handler = self.table.get(op)
+            if handler is None:
+                known = ", ".join([*self.table, *(["generate"] if self.batcher else [])])
+                raise BackendError(f"unknown worker op {op!r}; known: {known}")
+            frame = to_device(wire.loads(body), self.worker.device) if op in FRAME_OPS else None
+            result = handler(header, frame)
+        except Exception as exc:
+            self.reply(header, started, error=describe_failure(exc, op, self.worker.spec))
+            return
+        self.reply(header, started, result=result)
+
+    def apply_threads(self) -> None:
+        """Use the thread count the server last asked for (:mod:`cortex_recipes.local.cores`);
+        set from this thread, which runs every op."""
+        wanted = self.inbox.threads
+        if wanted is not None and wanted != torch.get_num_threads():
+            torch.set_num_threads(wanted)
+
+    def apply_cancels(self) -> None:
+        """Drop the cancelled requests that have arrived (later ones stay marked)."""
+        due = {seq for seq in self.inbox.cancelled() if seq <= self.last_seq}
+        if not due:
+            return
+        self.inbox.forget(due)
+        for seq in due:
+            request = self.batcher.cancel(seq) if self.batcher is not None else None
+            if request is not None:
+                self.reply(
+                    request.header, request.started_at, error="cancelled by request", cancelled=True
+                )
+
+    def decode_step(self) -> None:
+        try:
+            finished = self.batcher.step(self.worker.weight_version)
+        except StepFailed as failed:
+            message = describe_failure(failed.cause, "generate", self.worker.spec)
+            for request in failed.requests:
+                self.reply(request.header, request.started_at or time.time(), error=message)
+            return
+        for request in finished:
+            self.reply(
+                request.header, request.started_at, result=self.worker.generate_result(request)
+            )
+
+
+def describe_failure(exc: BaseException, op: Any, spec: WorkerSpec) -> str:
+    """The error message a failed command replies with (unanticipated ones are logged)."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        torch.cuda.empty_cache()
+        return (
+            f"{op} ran out of GPU memory on {spec.device} (sub-job {spec.sub_job_id}, "
+            f"model {spec.model_name}); send a smaller batch"
+        )
+    if isinstance(exc, BackendError):
+        return str(exc)
+    log.error("op %s failed:\n%s", op, "".join(traceback.format_exception(exc)))
+    return f"{type(exc).__name__}: {exc}"
+
+
 def serve(sock: socket.socket, spec: WorkerSpec) -> None:
     try:
         worker = Worker(spec)
@@ -426,40 +589,7 @@ def serve(sock: socket.socket, spec: WorkerSpec) -> None:
         send_message(sock, {"ready": False, "error": message})
         return
     send_message(sock, {"ready": True, "info": worker.info()})
-    table = worker.operations()
-    while True:
-        try:
-            header, body = recv_message(sock)
-        except ConnectionClosed:
-            return
-        started = time.time()
-        op = header.get("op")
-        try:
-            handler = table.get(op)
-            if handler is None:
-                raise BackendError(f"unknown worker op {op!r}; known: {', '.join(table)}")
-            frame = to_device(wire.loads(body), worker.device) if op in FRAME_OPS else None
-            result = to_host(handler(header, frame))
-            send_message(
-                sock,
-                {"id": header.get("id"), "ok": True, "started_at": started},
-                wire.dumps(result),
-            )
-        except Exception as exc:
-            if isinstance(exc, torch.cuda.OutOfMemoryError):
-                torch.cuda.empty_cache()
-                message = (
-                    f"{op} ran out of GPU memory on {spec.device} (sub-job {spec.sub_job_id}, "
-                    f"model {spec.model_name}); send a smaller batch"
-                )
-            elif isinstance(exc, BackendError):
-                message = str(exc)
-            else:
-                log.error("op %s failed:\n%s", op, traceback.format_exc())
-                message = f"{type(exc).__name__}: {exc}"
-            send_message(
-                sock, {"id": header.get("id"), "ok": False, "error": message, "started_at": started}
-            )
+    _Loop(sock, worker).run()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,12 @@
 """Server-side handles to worker processes: spawn, readiness, a FIFO of commands, and death.
 
 Invariants:
-- Commands run in submission order, one at a time, on the worker's socket.
+- Commands are sent in submission order as soon as the worker is ready, without waiting for
+  the previous reply (a sampling worker batches the generate commands it holds); each carries a
+  ``seq`` and its reply is matched by it. A worker runs its commands in arrival order.
+- :meth:`WorkerHandle.cancel` withdraws a command not yet sent, or asks the worker to drop it
+  (a generation mid-decode leaves at the next step); its future then fails with
+  :class:`WorkerCancelled`.
 - A worker's exit is always noticed and reaped (no zombie): a reaper thread waits on the
   process. An exit nobody asked for is a death: the handle records which worker died and how
   (exit code or signal), fails the command in flight and every queued one with
@@ -13,6 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import queue
@@ -27,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cortex_recipes.local.cores import CoreBalancer
 from cortex_recipes.local.devices import worker_visible_devices
 from cortex_recipes.local.protocol import ConnectionClosed, recv_message, send_message
 from cortex_recipes.local.specs import WorkerSpec
@@ -53,6 +60,15 @@ class WorkerStopped(RuntimeError):
     """The worker was stopped on purpose (its job was cancelled or the server stops)."""
 
 
+class WorkerCancelled(RuntimeError):
+    """The command was cancelled (``cancel-request``) before it completed; ``started_at`` is
+    when the worker had started it (None if it never had)."""
+
+    def __init__(self, message: str, started_at: float | None = None):
+        super().__init__(message)
+        self.started_at = started_at
+
+
 def describe_exit(returncode: int | None) -> str:
     if returncode is None:
         return "closed its connection"
@@ -75,8 +91,12 @@ class WorkerHandle:
         log_path: Path,
         *,
         on_death: Callable[[WorkerHandle, str], None] | None = None,
+        cores: CoreBalancer | None = None,
     ):
         self.spec = spec
+        self._cores = cores
+        self._outstanding = 0  # commands submitted and not yet settled
+        self._count_lock = threading.Lock()
         self.sub_job_id = spec.sub_job_id
         self.info: dict[str, Any] | None = None
         self.error: str | None = None
@@ -84,6 +104,9 @@ class WorkerHandle:
         self.log_path = log_path
         self._on_death = on_death
         self._queue: queue.Queue = queue.Queue()
+        self._seq = itertools.count()
+        self._inflight: dict[int, Future] = {}
+        self._sent: dict[int, int] = {}  # id(future) -> seq, for cancel
         self._stopping = False
         self._dead = threading.Event()
         self._lock = threading.Lock()
@@ -144,6 +167,7 @@ class WorkerHandle:
                 self.error = f"{reason}; see {self.log_path}"
         log.error("%s", self.error)
         self.ready.set()
+        self._fail_inflight(WorkerDied(self.error))
         self._fail_pending(WorkerDied(self.error))
         if self._on_death is not None:
             self._on_death(self, self.error)
@@ -156,6 +180,7 @@ class WorkerHandle:
         return f"worker of sub-job {self.sub_job_id} {describe_exit(returncode)}"
 
     def _feed(self) -> None:
+        """Wait for the worker to be ready, then receive replies (and start the sender)."""
         try:
             header, _ = recv_message(self._sock)
         except (ConnectionClosed, OSError):
@@ -169,24 +194,28 @@ class WorkerHandle:
             return
         self.info = header.get("info") or {}
         self.ready.set()
+        threading.Thread(target=self._send, name=f"send {self.sub_job_id}", daemon=True).start()
         while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            header, body, future = item
-            if not future.set_running_or_notify_cancel():
-                continue
             try:
-                send_message(self._sock, header, body)
                 reply, reply_body = recv_message(self._sock)
             except (ConnectionClosed, OSError):
                 if self._stopping:
-                    future.set_exception(WorkerStopped(f"sub-job {self.sub_job_id} was stopped"))
-                    self._fail_pending(WorkerStopped(f"sub-job {self.sub_job_id} was stopped"))
+                    stopped = WorkerStopped(f"sub-job {self.sub_job_id} was stopped")
+                    self._fail_inflight(stopped)
+                    self._fail_pending(stopped)
                 else:
                     self._die(self._wait_for_exit_reason())
-                    future.set_exception(WorkerDied(self.error or "worker died"))
                 return
+            with self._lock:
+                future = self._inflight.pop(reply.get("seq"), None)
+            if future is None:
+                continue
+            self._sent.pop(id(future), None)
+            if reply.get("cancelled"):
+                future.set_exception(
+                    WorkerCancelled(reply.get("error") or "cancelled", reply.get("started_at"))
+                )
+                continue
             future.set_result(
                 WorkerReply(
                     ok=bool(reply.get("ok")),
@@ -196,13 +225,45 @@ class WorkerHandle:
                 )
             )
 
+    def _send(self) -> None:
+        """Send queued commands in order; a reply is not awaited before the next is sent."""
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            header, body, future = item
+            if future is not None:
+                if not future.set_running_or_notify_cancel():
+                    continue
+                seq = next(self._seq)
+                header = {**header, "seq": seq}
+                with self._lock:
+                    if self._dead.is_set():
+                        future.set_exception(WorkerDied(self.error or "worker died"))
+                        continue
+                    self._inflight[seq] = future
+                    self._sent[id(future)] = seq
+            try:
+                send_message(self._sock, header, body)
+            except OSError:
+                return  # the receiver notices the closed socket and settles everything
+
+    def _fail_inflight(self, exc: Exception) -> None:
+        with self._lock:
+            futures = list(self._inflight.values())
+            self._inflight.clear()
+            self._sent.clear()
+        for future in futures:
+            if not future.done():
+                future.set_exception(exc)
+
     def _fail_pending(self, exc: Exception) -> None:
         while True:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return
-            if item is not None and item[2].set_running_or_notify_cancel():
+            if item is not None and item[2] is not None and item[2].set_running_or_notify_cancel():
                 item[2].set_exception(exc)
 
     # -- API -------------------------------------------------------------------------------------
@@ -216,8 +277,37 @@ class WorkerHandle:
         if self.error is not None:
             future.set_exception(WorkerDied(self.error))
             return future
+        with self._count_lock:
+            self._outstanding += 1
+            if self._outstanding == 1 and self._cores is not None:
+                self._cores.busy(self)  # queues this worker's new thread count first
+        future.add_done_callback(self._settled)
         self._queue.put((header, body, future))
         return future
+
+    def _settled(self, _: Future) -> None:
+        with self._count_lock:
+            self._outstanding -= 1
+            if self._outstanding == 0 and self._cores is not None:
+                self._cores.idle(self)
+
+    def set_threads(self, n: int) -> None:
+        """Tell the worker to use ``n`` torch threads from its next boundary on."""
+        self._queue.put(({"op": "threads", "n": int(n)}, b"", None))
+
+    def cancel(self, future: Future) -> bool:
+        """Withdraw ``future``'s command, or ask the worker to drop it; False when it has
+        already completed (or belongs to no command of this worker)."""
+        if future.cancel():
+            return True
+        if future.done():
+            return False
+        with self._lock:
+            seq = self._sent.get(id(future))
+        if seq is None:
+            return False
+        self._queue.put(({"op": "cancel", "target": seq}, b"", None))
+        return True
 
     def close(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """Stop the worker (a cancel, not a death); its memory, GPU memory included, is freed
@@ -234,4 +324,5 @@ class WorkerHandle:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        self._fail_inflight(WorkerStopped(f"sub-job {self.sub_job_id} was stopped"))
         self._fail_pending(WorkerStopped(f"sub-job {self.sub_job_id} was stopped"))
