@@ -128,21 +128,50 @@ class _Row:
         return result
 
 
+def _sample(rows: list[_Row], logits: torch.Tensor) -> torch.Tensor:
+    """One token per row from its filtered, temperature-scaled distribution.
+
+    Inverse-CDF sampling: one uniform draw ``u`` from the row's own generator picks the first
+    token whose cumulative probability (float64) exceeds ``u`` times the total, so a row's
+    sample depends on its seed and its logits only, never on its neighbours, and costs one draw
+    instead of ``torch.multinomial``'s one exponential per vocabulary entry.
+    """
+    plain = all(row.params.top_k <= 0 and row.params.top_p >= 1.0 for row in rows)
+    if plain:
+        temperature = torch.tensor(
+            [row.params.temperature for row in rows], dtype=logits.dtype, device=logits.device
+        )
+        scaled = logits / temperature.unsqueeze(-1)
+    else:
+        scaled = torch.stack([_filter_logits(logits[i], row.params) for i, row in enumerate(rows)])
+    cdf = torch.softmax(scaled, dim=-1, dtype=torch.float64).cumsum(dim=-1)
+    u = torch.cat(
+        [
+            torch.rand(1, generator=row.generator, device=logits.device, dtype=torch.float64)
+            for row in rows
+        ]
+    )
+    picked = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+    return picked.clamp(max=logits.shape[-1] - 1)
+
+
 def _advance(rows: list[_Row], logits: torch.Tensor) -> list[int]:
     """Choose each row's next token from ``logits`` ([rows, vocab], fp32) and record it.
 
     Device work is batched so that one step costs a few host syncs, not a few per row: greedy
-    rows share one argmax, sampled rows draw from their own generators, and the chosen ids and
-    their logprobs come back to the host in one transfer each.
+    rows share one argmax, sampled rows share one softmax and one inverse-CDF lookup, each with
+    one uniform draw from its own generator, and the chosen ids and their logprobs come back to
+    the host in one transfer each.
     """
     tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
     greedy = [i for i, row in enumerate(rows) if row.params.temperature == 0.0]
     if greedy:
         tokens[greedy] = torch.argmax(logits[greedy], dim=-1)
-    for i, row in enumerate(rows):
-        if row.params.temperature != 0.0:
-            probs = torch.softmax(_filter_logits(logits[i], row.params), dim=-1)
-            tokens[i] = torch.multinomial(probs, 1, generator=row.generator)[0]
+    sampled = [i for i, row in enumerate(rows) if row.params.temperature != 0.0]
+    if sampled:
+        tokens[sampled] = _sample(
+            [rows[i] for i in sampled], logits[sampled] if len(sampled) < len(rows) else logits
+        )
     wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
     chosen: dict[int, float] = {}
     tops: dict[int, list[tuple[float, int]]] = {}
