@@ -194,7 +194,7 @@ def test_a_full_sampler_answers_429_and_an_oversized_request_400(client, backend
 
 def test_a_poll_is_answered_when_its_request_settles_not_before(client, backend, job):
     request_id = client.generate(
-        job, [prompt(14, 6)], {"max_tokens": 120, "temperature": 1.0, "ignore_eos": True}
+        job, [prompt(14, 6)], {"max_tokens": 240, "temperature": 1.0, "ignore_eos": True}
     )
     body = status(backend, job, request_id)  # one poll, held until the result is ready
     assert body["status"] == "completed" and body["result"] is not None

@@ -31,14 +31,15 @@ from transformers.cache_utils import DynamicLayer
 
 from cortex_recipes.local.errors import BackendError
 from cortex_recipes.local.sampling import _advance, _Row
+from cortex_recipes.local.specs import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 
 
 @dataclass(frozen=True)
 class Limits:
     """How much one sampling worker decodes at once (per sub-job, from its inference_config)."""
 
-    max_rows: int = 256
-    max_tokens: int = 262_144
+    max_rows: int = DEFAULT_MAX_NUM_SEQS
+    max_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     prefill_tokens: int = 8192
 
 

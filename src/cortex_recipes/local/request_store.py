@@ -163,14 +163,10 @@ class RequestStore:
         """Cancel a request that has not finished, queued or running (a generation leaves its
         batch at the next decode step); report whether it ended cancelled."""
         request = self.get(request_id)
-        if not request.done.is_set():
-            asked = request.canceller() if request.canceller is not None else False
-            if not asked and request.future is not None:
-                asked = request.future.cancel()
-                if asked:
-                    request.cancel("cancelled by request")
-            if asked:
-                request.done.wait(CANCEL_SETTLE_S)
+        # A worker request's canceller withdraws it or asks its worker to drop it; the worker
+        # future then settles the request. Server-side requests cannot be cancelled.
+        if not request.done.is_set() and request.canceller is not None and request.canceller():
+            request.done.wait(CANCEL_SETTLE_S)
         cancelled = request.status == "cancelled"
         return {"request_id": request_id, "cancelled": cancelled, "status": request.status}
 

@@ -476,8 +476,8 @@ class _Loop:
                 worker.model,
                 worker.pad_id,
                 Limits(
-                    max_rows=worker.spec.max_num_seqs or Limits.max_rows,
-                    max_tokens=worker.spec.max_num_batched_tokens or Limits.max_tokens,
+                    max_rows=worker.spec.max_num_seqs,
+                    max_tokens=worker.spec.max_num_batched_tokens,
                 ),
             )
             if worker.job_type == "sampling"
