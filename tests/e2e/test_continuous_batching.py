@@ -1,6 +1,6 @@
 """Continuous batching through SDK -> HTTP -> sampling worker: concurrent requests share decode
-steps and give what they give alone; cancel, weight updates and a full queue act between steps;
-a poll is answered the moment its request settles."""
+steps and give what they give alone; cancel, weight updates, a pause and a full queue act
+between steps; a poll is answered the moment its request settles."""
 
 from __future__ import annotations
 
@@ -37,6 +37,18 @@ def job(client):
 
 def status(backend, job_id, request_id) -> dict:
     return requests.get(url(backend, job_id, f"requests/{request_id}"), timeout=60).json()
+
+
+def status_now(backend, job_id, request_id) -> str:
+    """The request's status without the held poll (a cursor is never held)."""
+    answer = requests.get(
+        url(backend, job_id, f"requests/{request_id}"), params={"cursor": "0"}, timeout=60
+    )
+    return answer.json()["status"]
+
+
+def operation(backend, job_id, body: dict) -> requests.Response:
+    return requests.post(url(backend, job_id, "operation"), json=body, timeout=60)
 
 
 def test_concurrent_greedy_requests_equal_serial_ones(client, job):
@@ -154,6 +166,66 @@ def test_a_weight_update_lands_between_decode_steps_and_results_name_the_version
         job, client.generate(job, [prompt(8, 5)], {"max_tokens": 3, "temperature": 0.0})
     )
     assert fresh["results"][0]["weight_versions"] == [version]
+
+
+def test_a_pause_holds_decoding_rows_while_the_weights_change_under_them(client, backend, job):
+    trainer = f"{job}:training:0"
+    sampler = f"{job}:sampling:0"
+    ids = torch.tensor([prompt(13, 24)])
+    frame = wire.dumps(
+        {
+            "kwargs": {"input_ids": ids},
+            "context": {"loss_mask": torch.ones(ids.shape)},
+            "processing": {"loss_fn": "causal_cross_entropy", "post": [], "config": {}},
+        }
+    )
+    running = client.generate(
+        job,
+        [prompt(14, 6)] * 4,
+        {"max_tokens": 240, "temperature": 1.0, "seed": 3, "ignore_eos": True},
+    )
+    time.sleep(0.1)
+    paused = operation(backend, job, {"operation_type": "pause-generation", "sub_job_id": sampler})
+    assert paused.ok and paused.json()["paused"] is True, paused.text
+    # While paused: a training step and a weight sync run (they are commands, not decode steps);
+    # the held rows do not finish, and a request arriving now waits with them.
+    client.poll_request(job, client.forward_backward(job, frame))
+    client.poll_request(job, client.step(job, learning_rate=1e-2))
+    synced = client.poll_request(
+        job, client.weight_sync(job, trainer, [sampler], weight_format="hf")
+    )
+    late = client.generate(job, [prompt(15, 5)], {"max_tokens": 3, "temperature": 0.0})
+    time.sleep(2.0)  # longer than all 240 steps of these rows take unpaused on a CPU core
+    assert status_now(backend, job, running) == "running"
+    assert status_now(backend, job, late) in ("pending", "running")
+    resumed = operation(
+        backend, job, {"operation_type": "resume-generation", "sub_job_id": sampler}
+    )
+    assert resumed.ok and resumed.json()["paused"] is False, resumed.text
+    version = synced["weight_version"]
+    for r in client.poll_request(job, running)["results"]:
+        assert len(r["token_ids"]) == 240
+        # every token decoded after the pause is the new version's
+        assert r["weight_versions"] == [version - 1, version], r["weight_versions"]
+    assert client.poll_request(job, late)["results"][0]["weight_versions"] == [version]
+
+
+def test_pause_generation_refuses_what_it_cannot_do(backend, job):
+    def refused(body: dict) -> str:
+        answer = operation(backend, job, body)
+        assert answer.status_code == 400, answer.text
+        return answer.json()["message"]
+
+    sampler, trainer = f"{job}:sampling:0", f"{job}:training:0"
+    pause = {"operation_type": "pause-generation", "sub_job_id": sampler}
+    assert "payload.max_s=0" in refused({**pause, "payload": {"max_s": 0}})
+    assert "payload.max_s=True" in refused({**pause, "payload": {"max_s": True}})
+    assert "max_s" in refused({**pause, "payload": {"mode": "keep"}})
+    assert "sampling" in refused({**pause, "sub_job_id": trainer})
+    resume = {"operation_type": "resume-generation", "sub_job_id": sampler}
+    assert "no payload" in refused({**resume, "payload": {"max_s": 1}})
+    # a resume with nothing paused changes nothing
+    assert operation(backend, job, resume).ok
 
 
 def test_a_full_sampler_answers_429_and_an_oversized_request_400(client, backend):

@@ -259,7 +259,8 @@ def test_pause_holds_new_generate_calls_until_resume(client, job, tmp_path):
     with gateway:
         base = root(gateway)
         assert requests.post(f"{base}/pause", params={"mode": "abort"}).status_code == 400
-        assert requests.post(f"{base}/pause", params={"mode": "keep"}).ok
+        keep = requests.post(f"{base}/pause", params={"mode": "keep"})
+        assert keep.ok and keep.json()["rows_held"] is True  # the sampler holds its rows too
         done = []
         workers = [
             threading.Thread(target=lambda: done.append(generate(gateway, PROBE, max_tokens=2)))

@@ -62,6 +62,54 @@ def _reset_prefix_cache(backend: Backend, job_id: str, body: dict) -> dict[str, 
     }
 
 
+# A pause that nobody lifts ends by itself (a client that died between its pause and resume
+# must not stop the sampler for good); prime-rl's weight update allows 720 s.
+DEFAULT_PAUSE_S = 900.0
+MAX_PAUSE_S = 3600.0
+
+
+def _sampling_worker(backend: Backend, job_id: str, body: dict, op: str):
+    job = backend.registry.require_running(job_id)
+    spec = route(
+        job, op, body.get("sub_job_id"), body.get("sub_job_type"), ("sampling",), ("sampling",)
+    )
+    return spec, job.workers[spec.sub_job_id]
+
+
+def _pause_generation(backend: Backend, job_id: str, body: dict) -> dict[str, Any]:
+    """A local-backend extension (hosted Cortex has no such operation): hold the sampler's
+    decoding at its next step boundary, rows and their caches kept, until
+    ``resume-generation`` or ``payload.max_s``. Requests still arrive and queue; weight syncs,
+    cancels and forwards still run. This is what prime-rl's ``/pause?mode=keep`` asks of vLLM."""
+    payload = body.get("payload")
+    payload = validation.json_object({} if payload is None else payload, "pause-generation payload")
+    validation.only_keys(payload, ("max_s",), "pause-generation payload")
+    max_s = payload.get("max_s", DEFAULT_PAUSE_S)
+    if (
+        isinstance(max_s, bool)
+        or not isinstance(max_s, int | float)
+        or not 0 < max_s <= MAX_PAUSE_S
+    ):
+        raise BackendError(
+            f"pause-generation payload.max_s={abridge(max_s)}; accepted: seconds, above 0 and "
+            f"at most {MAX_PAUSE_S:g}"
+        )
+    spec, worker = _sampling_worker(backend, job_id, body, "pause-generation")
+    worker.pause(float(max_s))
+    return {"job_id": job_id, "sub_job_id": spec.sub_job_id, "paused": True, "max_s": max_s}
+
+
+def _resume_generation(backend: Backend, job_id: str, body: dict) -> dict[str, Any]:
+    """Lift ``pause-generation`` (a no-op when the sampler is not paused)."""
+    if body.get("payload") not in (None, {}):
+        raise BackendError(
+            f"resume-generation takes no payload; got {abridge(body.get('payload'))}"
+        )
+    spec, worker = _sampling_worker(backend, job_id, body, "resume-generation")
+    worker.resume()
+    return {"job_id": job_id, "sub_job_id": spec.sub_job_id, "paused": False}
+
+
 def _cancel_request(backend: Backend, job_id: str, body: dict) -> dict[str, Any]:
     job = backend.registry.require_running(job_id)
     payload = body.get("payload")
@@ -105,6 +153,8 @@ OPERATIONS: dict[str, Callable[[Backend, str, dict], dict[str, Any]]] = {
     "weight-sync": _weight_sync,
     "reset-prefix-cache": _reset_prefix_cache,
     "cancel-request": _cancel_request,
+    "pause-generation": _pause_generation,
+    "resume-generation": _resume_generation,
     "tail-logs": _tail_logs,
 }
 

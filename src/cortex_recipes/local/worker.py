@@ -409,7 +409,9 @@ FRAME_OPS = ("forward_backward", "forward")
 class _Inbox:
     """Commands read off the socket by a reader thread, so the main thread can take them
     between decode steps. ``cancel`` commands are not queued: they mark their target at once
-    (the main thread drops it when it reaches it, or from the running batch)."""
+    (the main thread drops it when it reaches it, or from the running batch). ``pause`` and
+    ``resume`` are not queued either: a pause holds decoding from the next step boundary until
+    a ``resume`` or its ``max_s`` runs out, whichever comes first; commands still run."""
 
     def __init__(self, sock: socket.socket):
         self._sock = sock
@@ -417,6 +419,7 @@ class _Inbox:
         self._cancelled: set[int] = set()
         self._lock = threading.Lock()
         self.threads: int | None = None  # the torch threads the server last asked for
+        self._paused_until: float | None = None  # time.monotonic() a pause runs out
         threading.Thread(target=self._read, name="inbox", daemon=True).start()
 
     def _read(self) -> None:
@@ -433,14 +436,36 @@ class _Inbox:
             elif header.get("op") == "threads":
                 self.threads = int(header["n"])  # applied by the main thread
                 self._queue.put(("wake", None))
+            elif header.get("op") == "pause":
+                with self._lock:
+                    self._paused_until = time.monotonic() + float(header["max_s"])
+                self._queue.put(("wake", None))
+            elif header.get("op") == "resume":
+                with self._lock:
+                    self._paused_until = None
+                self._queue.put(("wake", None))
             else:
                 self._queue.put((header, body))
 
-    def take(self, block: bool) -> list:
-        """Every command waiting (at least one when ``block``); None marks a closed socket."""
+    def pause_left(self) -> float | None:
+        """Seconds the pause in force still holds decoding; None when there is none (a pause
+        that ran out is logged once and lifted)."""
+        with self._lock:
+            if self._paused_until is None:
+                return None
+            left = self._paused_until - time.monotonic()
+            if left <= 0:
+                self._paused_until = None
+                log.warning("generation pause ran out without a resume; decoding again")
+                return None
+            return left
+
+    def take(self, block: bool, timeout: float | None = None) -> list:
+        """Every command waiting (at least one when ``block``, unless ``timeout`` seconds pass
+        first); None marks a closed socket."""
         items = []
         try:
-            items.append(self._queue.get(block=block))
+            items.append(self._queue.get(block=block, timeout=timeout if block else None))
             while True:
                 items.append(self._queue.get_nowait())
         except queue.Empty:
@@ -496,15 +521,16 @@ class _Loop:
 
     def run(self) -> None:
         while True:
-            busy = self.batcher is not None and self.batcher.busy
-            for item in self.inbox.take(block=not busy):
+            paused = self.inbox.pause_left()
+            decoding = self.batcher is not None and self.batcher.busy and paused is None
+            for item in self.inbox.take(block=not decoding, timeout=paused):
                 if item is None:
                     return
                 self.apply_threads()
                 self.handle(*item)
             self.apply_threads()
             self.apply_cancels()
-            if self.batcher is not None and self.batcher.busy:
+            if self.batcher is not None and self.batcher.busy and self.inbox.pause_left() is None:
                 self.decode_step()
 
     def handle(self, header: dict[str, Any], body: bytes) -> None:

@@ -295,6 +295,15 @@ class WorkerHandle:
         """Tell the worker to use ``n`` torch threads from its next boundary on."""
         self._queue.put(({"op": "threads", "n": int(n)}, b"", None))
 
+    def pause(self, max_s: float) -> None:
+        """Hold the worker's decoding from its next step boundary until :meth:`resume` or for
+        ``max_s`` seconds; rows keep their place and commands still run."""
+        self._queue.put(({"op": "pause", "max_s": float(max_s)}, b"", None))
+
+    def resume(self) -> None:
+        """Lift a :meth:`pause` (nothing when there is none)."""
+        self._queue.put(({"op": "resume"}, b"", None))
+
     def cancel(self, future: Future) -> bool:
         """Withdraw ``future``'s command, or ask the worker to drop it; False when it has
         already completed (or belongs to no command of this worker)."""

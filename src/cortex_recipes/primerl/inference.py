@@ -6,9 +6,14 @@ Routes (prime-rl 559b447 ``utils/client.py``; admin calls strip ``/v1``):
   ``POST /inference/v1/generate``: the token-in/token-out gateway of
   :mod:`cortex_recipes.tito.gateway`, unchanged (every sampling key prime-rl sends is accepted;
   ``cache_salt`` is dropped because each weight sync resets the sampler's prefix cache);
-- ``POST /pause?mode=keep|wait`` and ``POST /resume``: while paused, new generate calls wait;
-  calls already with the sampler finish (``keep`` and ``wait`` both return at once here: the
-  Cortex sampler serialises a weight sync behind the requests it already holds);
+- ``POST /pause?mode=keep|wait`` and ``POST /resume``: while paused, new generate calls wait
+  here. With ``keep`` the rows already decoding are also held, at the sampler's next decode
+  step, with their caches (the local backend's ``pause-generation`` operation), and continue
+  on whatever weights the sampler holds at ``/resume``, as vLLM's ``keep`` does; each result
+  says which version made which tokens. A backend without that operation (hosted Cortex)
+  answers 400 once, and from then on the rows already there finish on their own, as with
+  ``wait``. Both return at once: a weight sync never waits behind a generation (the sampler
+  swaps weights between two decode steps);
 - ``POST /update_weights {"weight_dir": ".../broadcasts/step_<v>"}`` and
   ``POST /load_lora_adapter {"lora_name", "lora_path"}``: make the sampler hold exactly version
   ``v``: a ``weight_sync`` from the training sub-job, only while the trainer adapter's live file
@@ -44,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import requests
 from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
@@ -54,6 +60,9 @@ from cortex_recipes.tito.gateway import create_gateway_app, sdk_generate
 log = logging.getLogger(__name__)
 
 PAUSE_MODES = ("keep", "wait")
+# How long the sampler holds its rows for a pause nobody lifts (prime-rl allows 720 s per
+# weight-update attempt); the backend then decodes again on its own.
+PAUSE_MAX_S = 900.0
 WEIGHT_FORMATS = ("hf", "vllm", "lora")
 
 
@@ -188,6 +197,8 @@ class InferenceAdapter:
         self.version = broadcasts.latest_applied(self.output_dir, job_id)
         self._resumed = threading.Event()
         self._resumed.set()
+        # False once the backend said it has no pause-generation operation (hosted Cortex)
+        self.holds_rows = True
         self._update_lock = threading.Lock()
         self.counters = {
             "generate_requests": 0,
@@ -284,6 +295,34 @@ class InferenceAdapter:
             log.info("sampler now holds version %d (%.2f s)", version, self.last_update_s)
             return {"version": version, "synced": True}
 
+    # -- pause ---------------------------------------------------------------------------
+
+    def hold_rows(self, hold: bool) -> bool:
+        """Ask the sampling sub-job to hold (or go on decoding) the rows it already has, at
+        its next decode step; False when the backend cannot (then they finish as they are)."""
+        if not self.holds_rows:
+            return False
+        operation = "pause-generation" if hold else "resume-generation"
+        body: dict[str, Any] = {"operation_type": operation, "sub_job_id": self.sampling}
+        if hold:
+            body["payload"] = {"max_s": PAUSE_MAX_S}
+        url = f"{self.client._prefix}/{self.job_id}/operation"  # the SDK's own URL and session
+        try:
+            self.client._send("POST", url, json=body, retry_on=lambda _: False)
+        except requests.HTTPError as exc:
+            status = getattr(exc.response, "status_code", None)
+            if status not in (400, 404):
+                raise
+            self.holds_rows = False
+            log.info(
+                "the sampler has no %s operation (HTTP %s): a pause holds new generate calls "
+                "only, and the rows already decoding finish on the weights they have",
+                operation,
+                status,
+            )
+            return False
+        return True
+
     # -- routes ----------------------------------------------------------------------------
 
     def _add_routes(self) -> None:
@@ -297,6 +336,7 @@ class InferenceAdapter:
         # pause occupy theirs. With 40 or more held (the SmolLM2 profile keeps 64 in flight),
         # an update or a resume that needed one of those threads would never run: deadlock.
         update_limiter = anyio.CapacityLimiter(1)
+        pause_limiter = anyio.CapacityLimiter(1)  # pause and resume reach the backend in order
 
         @app.get("/health")
         async def health() -> dict:
@@ -310,11 +350,23 @@ class InferenceAdapter:
                 return fail(400, f"clear_cache={clear_cache!r}; accepted: true, false")
             self._resumed.clear()
             self.counters["pauses"] += 1
-            return {"status": "paused"}
+            held = False
+            if mode == "keep":
+                try:
+                    held = await anyio.to_thread.run_sync(
+                        self.hold_rows, True, limiter=pause_limiter
+                    )
+                except requests.RequestException as exc:
+                    return fail(502, f"the sampler did not take the pause: {_what_failed(exc)}")
+            return {"status": "paused", "rows_held": held}
 
         @app.post("/resume")
-        async def resume() -> dict:
+        async def resume() -> Any:
             self._resumed.set()
+            try:
+                await anyio.to_thread.run_sync(self.hold_rows, False, limiter=pause_limiter)
+            except requests.RequestException as exc:
+                return fail(502, f"the sampler did not take the resume: {_what_failed(exc)}")
             return {"status": "resumed"}
 
         def update(weight_dir: Any, weight_format: str | None, field: str) -> Any:
@@ -367,6 +419,12 @@ class InferenceAdapter:
             lines.append(f"cortex_recipes:last_weight_update_seconds {self.last_update_s:.6f}")
             lines.append(f"cortex_recipes:paused {0 if self._resumed.is_set() else 1}")
             return PlainTextResponse("\n".join(lines) + "\n")
+
+
+def _what_failed(exc: requests.RequestException) -> str:
+    """The failure without its URL (a hosted account's host stays out of answers and logs)."""
+    status = getattr(exc.response, "status_code", None)
+    return type(exc).__name__ + (f" (HTTP {status})" if status is not None else "")
 
 
 async def _json_object(request: Request) -> dict | JSONResponse:
