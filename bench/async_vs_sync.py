@@ -27,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the recipes pack
 
 DEFAULT_PROFILE = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
 ASYNC_KEYS = ("max_off_policy_steps", "max_inflight_groups")
+CANCELLED = "primerl/train/agg/all/cancelled/mean"
+DROPPED = "primerl/off_policy/dropped"
 
 
 def sync_profile(async_profile: Path, out: Path) -> Path:
@@ -38,14 +40,47 @@ def sync_profile(async_profile: Path, out: Path) -> Path:
     return out
 
 
+def summarise(work: Path, steps: int) -> dict:
+    """The comparison from a finished work folder (both runs' summaries and metrics)."""
+    from cortex_recipes.plots import read_metrics
+
+    sync = json.loads((work / "sync" / "summary.json").read_text())
+    overlapped = json.loads((work / "async" / "summary.json").read_text())
+    records = read_metrics(work / "async")
+    async_loop = round(sum(r["time/step"] for r in records), 3)
+    return {
+        "steps": steps,
+        "sync_loop_s": sync["loop_time_s"],
+        "async_loop_s": async_loop,
+        "ratio_async_over_sync": round(async_loop / sync["loop_time_s"], 3),
+        "sync_step_s": [r["time/step"] for r in read_metrics(work / "sync")],
+        "async_step_s": [r["time/step"] for r in records],
+        "async_overlap_fraction": round(overlapped["overlap_fraction"], 3),
+        "async_off_policy_max": max(overlapped["off_policy_max_per_step"]),
+        # prime-rl's own record: the share of a step's finished episodes it cancelled as too
+        # stale, and the rollouts it dropped
+        "async_cancelled_share_per_step": [round(r.get(CANCELLED, 0.0), 3) for r in records],
+        "async_dropped_per_step": [r.get(DROPPED) for r in records],
+        "sync_rewards": [round(x, 3) for x in sync["rewards"]],
+        "async_rewards": [None if x is None else round(x, 3) for x in overlapped["rewards"]],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default=DEFAULT_PROFILE, help="an async_grpo profile")
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument(
+        "--summarise", metavar="WORK", help="only print the comparison of a finished work folder"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.summarise:
+        work = Path(args.summarise)
+        result = summarise(work, args.steps)
+        print(json.dumps({"profile": args.profile, "work": str(work), "result": result}, indent=2))
+        return
 
-    from cortex_recipes.plots import read_metrics
     from cortex_recipes.primerl.launch import primerl_python
     from recipes.rl.async_grpo.train import Config as AsyncConfig
     from recipes.rl.async_grpo.train import main as run_async
@@ -55,10 +90,8 @@ def main() -> None:
     primerl_python()  # fail closed before the synchronous run
     work = Path(tempfile.mkdtemp(prefix="bench-async-vs-sync-"))
     sync_path = sync_profile(Path(args.profile), work / "sync-profile.json")
-    sync = run_sync(
-        SyncConfig(profile=str(sync_path), log_path=str(work / "sync"), max_steps=args.steps)
-    )
-    overlapped = run_async(
+    run_sync(SyncConfig(profile=str(sync_path), log_path=str(work / "sync"), max_steps=args.steps))
+    run_async(
         AsyncConfig(
             profile=args.profile,
             log_path=str(work / "async"),
@@ -66,18 +99,7 @@ def main() -> None:
             if_exists="overwrite",
         )
     )
-    records = read_metrics(work / "async")
-    async_loop = round(sum(r["time/step"] for r in records), 3)
-    result = {
-        "steps": args.steps,
-        "sync_loop_s": sync["loop_time_s"],
-        "async_loop_s": async_loop,
-        "ratio_async_over_sync": round(async_loop / sync["loop_time_s"], 3),
-        "async_overlap_fraction": round(overlapped["overlap_fraction"], 3),
-        "async_off_policy_max": max(overlapped["off_policy_max_per_step"]),
-        "sync_rewards": [round(x, 3) for x in sync["rewards"]],
-        "async_rewards": [None if x is None else round(x, 3) for x in overlapped["rewards"]],
-    }
+    result = summarise(work, args.steps)
     print(json.dumps({"profile": args.profile, "work": str(work), "result": result}, indent=2))
 
 

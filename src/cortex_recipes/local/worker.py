@@ -233,6 +233,7 @@ class Worker:
                 targets,
                 with_entropy=processing.loss_fn == "grpo",
                 temperature=frame_temperature(frame),
+                entropy_grad=bool(processing.config.get("entropy_coeff")),
             )
             del logits
             if processing.loss_fn == "causal_cross_entropy":
@@ -607,6 +608,7 @@ def describe_failure(exc: BaseException, op: Any, spec: WorkerSpec) -> str:
 
 
 def serve(sock: socket.socket, spec: WorkerSpec) -> None:
+    started = time.monotonic()
     try:
         worker = Worker(spec)
     except Exception as exc:  # report why the sub-job could not start, then exit
@@ -614,7 +616,8 @@ def serve(sock: socket.socket, spec: WorkerSpec) -> None:
         message = str(exc) if isinstance(exc, BackendError) else f"{type(exc).__name__}: {exc}"
         send_message(sock, {"ready": False, "error": message})
         return
-    send_message(sock, {"ready": True, "info": worker.info()})
+    info = {**worker.info(), "load_s": round(time.monotonic() - started, 3)}
+    send_message(sock, {"ready": True, "info": info})
     _Loop(sock, worker).run()
 
 

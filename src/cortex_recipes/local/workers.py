@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -122,6 +123,7 @@ class WorkerHandle:
         env["CUDA_VISIBLE_DEVICES"] = worker_visible_devices(
             spec.device, os.environ.get("CUDA_VISIBLE_DEVICES")
         )
+        self._spawned = time.monotonic()
         with open(log_path, "ab") as log_file:
             self.process = subprocess.Popen(
                 [
@@ -193,6 +195,12 @@ class WorkerHandle:
             self._fail_pending(WorkerDied(self.error))
             return
         self.info = header.get("info") or {}
+        log.info(
+            "sub-job %s ready %.1f s after its process started (model loaded in %.1f s)",
+            self.sub_job_id,
+            time.monotonic() - self._spawned,
+            float(self.info.get("load_s") or 0.0),
+        )
         self.ready.set()
         threading.Thread(target=self._send, name=f"send {self.sub_job_id}", daemon=True).start()
         while True:
