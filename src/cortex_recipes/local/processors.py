@@ -46,29 +46,23 @@ def token_logprobs_and_entropy(
     *,
     with_entropy: bool,
     temperature: Any = None,
-    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """fp32 log-probabilities of ``targets`` (-100 -> 0) and, if asked, per-token entropy.
 
     With a ``temperature`` other than 1, logits are divided by it first (the sampler's
-    distribution at that temperature). A target's log-probability is its logit minus the
-    row's logsumexp, so no (batch, length, vocabulary) log-softmax is kept for the backward
-    pass; the entropy (``logsumexp - sum(p * logit)``) is left out of the graph unless
-    ``entropy_grad`` (a loss with an entropy term).
+    distribution at that temperature).
     """
     scaled = logits.float()
     divisor = temperature_divisor(temperature, tuple(targets.shape))
     if divisor is not None:
         scaled = scaled / (divisor.to(scaled.device) if torch.is_tensor(divisor) else divisor)
-    lse = torch.logsumexp(scaled, dim=-1)
+    logp = torch.log_softmax(scaled, dim=-1)
     safe = targets.clamp(min=0).long()
-    out = scaled.gather(-1, safe.unsqueeze(-1)).squeeze(-1) - lse
+    out = logp.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
     out = out.masked_fill(targets == -100, 0.0)
     entropy = None
     if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            source, norm = (scaled, lse) if entropy_grad else (scaled.detach(), lse.detach())
-            entropy = norm - (torch.softmax(source, dim=-1) * source).sum(-1)
+        entropy = -(logp.exp() * logp).sum(-1)
     return out, entropy
 
 

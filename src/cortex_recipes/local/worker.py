@@ -45,6 +45,9 @@ from cortex_recipes.local.validation import GenerateRow, Processing, frame_tempe
 
 log = logging.getLogger("cortex_recipes.local.worker")
 
+# Model types whose causal-LM logits are exactly ``lm_head(model(x).last_hidden_state)`` (no
+# scaling or soft-capping): forward_backward may project only the positions that carry loss.
+PLAIN_LM_HEAD = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GIB = 1024**3
 # AdamW keeps two fp32 moments per trainable parameter, plus its gradient.
@@ -211,6 +214,27 @@ class Worker:
         }
         return self.model(**model_kwargs, use_cache=False).logits
 
+    def _split_logits(
+        self, kwargs: dict[str, Any], first: int
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(head, tail)`` logits of positions ``[0, first)`` (computed without a graph) and
+        ``[first, T)`` (with one), for a model whose logits are ``lm_head(body(x))``; None
+        when that does not hold or there is nothing to split. The positions before ``first``
+        carry no loss, so only the tail's output projection and log-softmax are back-propagated
+        (for a GRPO batch most positions are the prompt), and the head's values stay exact."""
+        if first <= 0:
+            return None
+        base = self.model.get_base_model() if hasattr(self.model, "peft_config") else self.model
+        if getattr(base.config, "model_type", None) not in PLAIN_LM_HEAD:
+            return None
+        model_kwargs = {
+            k: v for k, v in kwargs.items() if k in ("input_ids", "attention_mask", "position_ids")
+        }
+        hidden = base.model(**model_kwargs, use_cache=False).last_hidden_state
+        with torch.no_grad():
+            head = base.lm_head(hidden[:, :first].detach())
+        return head, base.lm_head(hidden[:, first:])
+
     def forward_backward(self, header: dict[str, Any], frame: dict[str, Any]) -> dict[str, Any]:
         processing = Processing.from_json(header["processing"])
         kwargs = frame["kwargs"]
@@ -226,16 +250,8 @@ class Worker:
             outputs = self.model(**model_kwargs, use_cache=False)
             loss, metrics, post = outputs.loss, {}, {}
         else:
-            logits = self._logits(kwargs)
             targets = processors.shifted_labels(kwargs["input_ids"], context.get("labels"))
-            logprobs, entropy = processors.token_logprobs_and_entropy(
-                logits,
-                targets,
-                with_entropy=processing.loss_fn == "grpo",
-                temperature=frame_temperature(frame),
-                entropy_grad=bool(processing.config.get("entropy_coeff")),
-            )
-            del logits
+            logprobs, entropy = self._token_logprobs(kwargs, context, targets, processing, frame)
             if processing.loss_fn == "causal_cross_entropy":
                 loss, metrics = processors.causal_cross_entropy(
                     logprobs, context, processing.config
@@ -252,6 +268,36 @@ class Worker:
             "metrics": metrics,
             "post_process_outputs": post,
         }
+
+    def _token_logprobs(self, kwargs, context, targets, processing, frame):
+        """Per-token logprobs (and entropy for grpo) of a forward_backward batch."""
+        with_entropy = processing.loss_fn == "grpo"
+        temperature = frame_temperature(frame)
+        mask = context.get("loss_mask")
+        carried = torch.nonzero(mask.ne(0).any(0)).flatten() if torch.is_tensor(mask) else None
+        first = int(carried[0]) if carried is not None and carried.numel() else 0
+        split = self._split_logits(kwargs, first)
+        if split is None:
+            return processors.token_logprobs_and_entropy(
+                self._logits(kwargs), targets, with_entropy=with_entropy, temperature=temperature
+            )
+        parts = []
+        for logits, cols in ((split[0], slice(0, first)), (split[1], slice(first, None))):
+            t = (
+                temperature[:, cols]
+                if torch.is_tensor(temperature)
+                and temperature.dim() == 2
+                and temperature.shape[1] == targets.shape[1]
+                else temperature
+            )
+            parts.append(
+                processors.token_logprobs_and_entropy(
+                    logits, targets[:, cols], with_entropy=with_entropy, temperature=t
+                )
+            )
+        logprobs = torch.cat([parts[0][0], parts[1][0]], dim=1)
+        entropy = torch.cat([parts[0][1], parts[1][1]], dim=1) if with_entropy else None
+        return logprobs, entropy
 
     def step(self, header: dict[str, Any], _: Any = None) -> dict[str, Any]:
         if self.optimizer is None:
