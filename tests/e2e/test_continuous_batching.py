@@ -47,6 +47,18 @@ def status_now(backend, job_id, request_id) -> str:
     return answer.json()["status"]
 
 
+def training_frame(seed: int) -> bytes:
+    """A one-row cross-entropy batch: a step on it changes the trainer's weights."""
+    ids = torch.tensor([prompt(seed, 24)])
+    return wire.dumps(
+        {
+            "kwargs": {"input_ids": ids},
+            "context": {"loss_mask": torch.ones(ids.shape)},
+            "processing": {"loss_fn": "causal_cross_entropy", "post": [], "config": {}},
+        }
+    )
+
+
 def operation(backend, job_id, body: dict) -> requests.Response:
     return requests.post(url(backend, job_id, "operation"), json=body, timeout=60)
 
@@ -137,15 +149,7 @@ def test_cancel_stops_a_request_mid_decode_and_the_sampler_keeps_serving(client,
 def test_a_weight_update_lands_between_decode_steps_and_results_name_the_versions(client, job):
     trainer = f"{job}:training:0"
     sampler = f"{job}:sampling:0"
-    ids = torch.tensor([prompt(6, 24)])
-    frame = wire.dumps(
-        {
-            "kwargs": {"input_ids": ids},
-            "context": {"loss_mask": torch.ones(ids.shape)},
-            "processing": {"loss_fn": "causal_cross_entropy", "post": [], "config": {}},
-        }
-    )
-    client.poll_request(job, client.forward_backward(job, frame))
+    client.poll_request(job, client.forward_backward(job, training_frame(6)))
     client.poll_request(job, client.step(job, learning_rate=1e-2))
     running = client.generate(
         job,
@@ -171,14 +175,6 @@ def test_a_weight_update_lands_between_decode_steps_and_results_name_the_version
 def test_a_pause_holds_decoding_rows_while_the_weights_change_under_them(client, backend, job):
     trainer = f"{job}:training:0"
     sampler = f"{job}:sampling:0"
-    ids = torch.tensor([prompt(13, 24)])
-    frame = wire.dumps(
-        {
-            "kwargs": {"input_ids": ids},
-            "context": {"loss_mask": torch.ones(ids.shape)},
-            "processing": {"loss_fn": "causal_cross_entropy", "post": [], "config": {}},
-        }
-    )
     running = client.generate(
         job,
         [prompt(14, 6)] * 4,
@@ -189,7 +185,7 @@ def test_a_pause_holds_decoding_rows_while_the_weights_change_under_them(client,
     assert paused.ok and paused.json()["paused"] is True, paused.text
     # While paused: a training step and a weight sync run (they are commands, not decode steps);
     # the held rows do not finish, and a request arriving now waits with them.
-    client.poll_request(job, client.forward_backward(job, frame))
+    client.poll_request(job, client.forward_backward(job, training_frame(13)))
     client.poll_request(job, client.step(job, learning_rate=1e-2))
     synced = client.poll_request(
         job, client.weight_sync(job, trainer, [sampler], weight_format="hf")

@@ -208,11 +208,14 @@ class Worker:
 
     # -- training -----------------------------------------------------------------------------
 
-    def _logits(self, kwargs: dict[str, Any]) -> torch.Tensor:
-        model_kwargs = {
+    @staticmethod
+    def _model_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {
             k: v for k, v in kwargs.items() if k in ("input_ids", "attention_mask", "position_ids")
         }
-        return self.model(**model_kwargs, use_cache=False).logits
+
+    def _logits(self, kwargs: dict[str, Any]) -> torch.Tensor:
+        return self.model(**self._model_inputs(kwargs), use_cache=False).logits
 
     def _split_logits(
         self, kwargs: dict[str, Any], first: int
@@ -227,10 +230,7 @@ class Worker:
         base = self.model.get_base_model() if hasattr(self.model, "peft_config") else self.model
         if getattr(base.config, "model_type", None) not in PLAIN_LM_HEAD:
             return None
-        model_kwargs = {
-            k: v for k, v in kwargs.items() if k in ("input_ids", "attention_mask", "position_ids")
-        }
-        hidden = base.model(**model_kwargs, use_cache=False).last_hidden_state
+        hidden = base.model(**self._model_inputs(kwargs), use_cache=False).last_hidden_state
         with torch.no_grad():
             head = base.lm_head(hidden[:, :first].detach())
         return head, base.lm_head(hidden[:, first:])
