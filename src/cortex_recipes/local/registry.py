@@ -14,6 +14,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -30,10 +31,12 @@ from cortex_recipes.local.cores import CoreBalancer
 from cortex_recipes.local.errors import BackendError, Conflict, NotFound
 from cortex_recipes.local.request_store import POLL_HOLD_S, RequestStore
 from cortex_recipes.local.specs import SubJobSpec, WorkerSpec, abridge, parse_sub_jobs
-from cortex_recipes.local.workers import WorkerHandle
+from cortex_recipes.local.workers import SparePool, WorkerHandle, worker_env
 from cortex_recipes.models import FIXTURE_MODELS, ModelNotAvailableError, resolve_model_path
 
 log = logging.getLogger(__name__)
+# "0" turns the pre-started spare worker off (cortex_recipes.local.workers.SparePool).
+SPARE_ENV = "CORTEX_RECIPES_SPARE_WORKER"
 
 
 @dataclass
@@ -96,7 +99,16 @@ class JobRegistry:
         self.jobs: dict[str, Job] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="job-start")
+        self.spares = SparePool(
+            self.state_dir / "spares", enabled=os.environ.get(SPARE_ENV, "1") != "0"
+        )
         log.info("device mode %s; %d CUDA device(s) visible", self.device_mode, self.cuda_count)
+
+    def start_spare(self) -> None:
+        """Pre-start a CPU worker when sub-jobs will run on the CPU (no GPU visible, or device
+        mode ``cpu``); on a GPU machine the first sub-job's placement decides (SparePool)."""
+        if self.device_mode == devices.CPU or self.cuda_count == 0:
+            self.spares.replenish(worker_env(devices.worker_visible_devices(devices.CPU, None)))
 
     def job_dir(self, job_id: str) -> Path:
         return self.state_dir / "jobs" / job_id
@@ -192,6 +204,7 @@ class JobRegistry:
                 run_dir / f"{spec.sub_job_id.replace(':', '_')}.log",
                 on_death=lambda handle, reason, job=job: self._worker_died(job, handle, reason),
                 cores=self.cores if device == devices.CPU and not self.threads else None,
+                spares=self.spares,
             )
         self._pool.submit(self._watch_start, job)
         return {"job_id": job_id}
@@ -289,6 +302,7 @@ class JobRegistry:
             handle.close()
 
     def shutdown(self) -> None:
+        self.spares.close()
         for job in list(self.jobs.values()):
             self._stop_workers(job)
         self._pool.shutdown(wait=False, cancel_futures=True)

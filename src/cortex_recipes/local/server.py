@@ -23,6 +23,7 @@ from pathlib import Path
 import requests
 
 from cortex_recipes.local.devices import DEVICE_ENV, DEVICE_MODES, device_mode
+from cortex_recipes.local.workers import bytecode_hint
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +66,15 @@ def serve(
     )
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30)
     server = uvicorn.Server(config)
+    app.state.backend.registry.start_spare()
     if ready_file is not None:
         tmp = ready_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({"host": host, "port": bound_port, "pid": os.getpid()}))
         os.replace(tmp, ready_file)
     log.info("local backend listening on http://%s:%d (state in %s)", host, bound_port, state_dir)
+    hint = bytecode_hint()
+    if hint:
+        log.warning("%s", hint)
     try:
         server.run(sockets=[sock])
     finally:

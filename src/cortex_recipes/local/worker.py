@@ -1,8 +1,10 @@
 """A sub-job's worker process: one model on one device; commands in arrival order, and for a
 sampling sub-job, continuous batching between them (:class:`_Loop`).
 
-Started by the server as ``python -m cortex_recipes.local.worker --fd N --spec FILE``; talks
-over the inherited socket with :mod:`cortex_recipes.local.protocol`. A command that fails
+Started by the server as ``python -m cortex_recipes.local.worker --fd N --spec FILE``, or
+ahead of time without ``--spec`` as a spare that imports what model loading needs and then
+waits for one ``assign`` message naming its sub-job (:class:`~cortex_recipes.local.workers.
+SparePool`); talks over the inherited socket with :mod:`cortex_recipes.local.protocol`. A command that fails
 returns an error message and leaves the worker ready for the next one. Every reply carries the
 command's ``seq``, so the server may send the next command before the last one is answered.
 
@@ -667,19 +669,71 @@ def serve(sock: socket.socket, spec: WorkerSpec) -> None:
     _Loop(sock, worker).run()
 
 
+# Imported by a pre-started (spare) worker while it waits for its sub-job: what loading a model
+# of the common architectures and wrapping it with LoRA would otherwise import at start-up.
+WARM_MODULES = (
+    "transformers.modeling_utils",
+    "transformers.generation.utils",
+    "transformers.models.auto.modeling_auto",
+    "transformers.models.llama.modeling_llama",
+    "transformers.models.qwen2.modeling_qwen2",
+    "transformers.models.qwen3.modeling_qwen3",
+    "peft",
+)
+
+
+def warm_imports() -> None:
+    """Import :data:`WARM_MODULES` (one missing from this transformers is skipped: the import
+    then happens when a model of it loads, as without a spare)."""
+    import importlib
+
+    for name in WARM_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            print(f"spare worker: {name} not imported ({exc})", file=sys.stderr, flush=True)
+
+
+def wait_for_assignment(sock: socket.socket) -> tuple[WorkerSpec, Path] | None:
+    """A spare's one message: the sub-job's spec file and log file (None: the server closed the
+    connection, or stopped the spare). From then on the process's stdout and stderr go to that
+    sub-job's log, as a worker started for it would."""
+    try:
+        header, _ = recv_message(sock)
+    except (ConnectionClosed, OSError):
+        return None
+    if header.get("op") != "assign":
+        return None
+    log_path = Path(header["log"])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return WorkerSpec.from_json(Path(header["spec"]).read_text()), log_path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--fd", type=int, required=True)
-    parser.add_argument("--spec", required=True)
+    parser.add_argument("--spec", help="the sub-job's spec file (without it: a spare worker)")
     args = parser.parse_args(argv)
-    spec = WorkerSpec.from_json(Path(args.spec).read_text())
+    sock = socket.socket(fileno=args.fd)
+    if args.spec:
+        spec = WorkerSpec.from_json(Path(args.spec).read_text())
+    else:
+        warm_imports()
+        assigned = wait_for_assignment(sock)
+        if assigned is None:
+            return 0
+        spec, _ = assigned
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s {spec.sub_job_id} %(levelname)s %(message)s",
         stream=sys.stderr,
     )
     torch.set_num_threads(spec.threads)
-    sock = socket.socket(fileno=args.fd)
     serve(sock, spec)
     return 0
 

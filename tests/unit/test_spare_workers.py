@@ -1,0 +1,119 @@
+"""The spare worker pool's bookkeeping and the bytecode hint (the spare's real start-up, its
+results and its log are covered end to end in tests/e2e/test_spare_worker.py)."""
+
+from __future__ import annotations
+
+import logging
+import py_compile
+import subprocess
+import sys
+import time
+from importlib.util import cache_from_source
+
+import pytest
+
+from cortex_recipes.local import workers
+from cortex_recipes.local.workers import SparePool, bytecode_hint, worker_env
+
+
+@pytest.fixture
+def sleeping_spares(monkeypatch):
+    """spawn_worker replaced by a process that only waits for its socket to close, as a spare
+    does: the pool's logic without torch."""
+    started: list[dict] = []
+
+    def spawn(env, log_path, spec_path):
+        import socket
+
+        assert spec_path is None  # the pool only starts spares
+        started.append(env)
+        parent, child = socket.socketpair()
+        wait = "import socket, sys; socket.socket(fileno=int(sys.argv[1])).recv(1)"
+        with open(log_path, "ab") as log_file:
+            process = subprocess.Popen(
+                [sys.executable, "-c", wait, str(child.fileno())],
+                pass_fds=(child.fileno(),),
+                stdout=log_file,
+            )
+        child.close()
+        return process, parent
+
+    monkeypatch.setattr(workers, "spawn_worker", spawn)
+    return started
+
+
+def test_a_spare_is_taken_only_by_a_worker_with_its_exact_environment(tmp_path, sleeping_spares):
+    pool = SparePool(tmp_path)
+    cpu, gpu0 = worker_env(""), worker_env("0")
+    pool.replenish(cpu)
+    pool.replenish(cpu)  # one is enough
+    assert len(sleeping_spares) == 1
+    assert pool.take(gpu0) is None
+    spare = pool.take(cpu)
+    assert spare is not None and spare.process.poll() is None
+    assert pool.take(cpu) is None  # taken: the caller owns it now
+    spare.process.kill()
+    spare.process.wait()
+    pool.close()
+
+
+def test_replenishing_for_other_devices_stops_the_old_spare(tmp_path, sleeping_spares):
+    pool = SparePool(tmp_path)
+    pool.replenish(worker_env(""))
+    old = pool._spare
+    pool.replenish(worker_env("1"))
+    assert old.process.poll() is not None  # stopped and reaped
+    assert pool.take(worker_env("1")) is not None or pytest.fail("no spare for the new devices")
+    pool.close()
+
+
+def test_a_dead_spare_is_not_handed_out_and_its_death_is_logged(tmp_path, sleeping_spares, caplog):
+    pool = SparePool(tmp_path)
+    env = worker_env("")
+    pool.replenish(env)
+    pool._spare.process.kill()
+    pool._spare.process.wait()
+    with caplog.at_level(logging.WARNING, logger="cortex_recipes.local.workers"):
+        assert pool.take(env) is None
+    assert "the spare worker was killed by SIGKILL" in caplog.text
+    pool.close()
+
+
+def test_close_stops_the_spare_and_no_new_one_starts(tmp_path, sleeping_spares):
+    pool = SparePool(tmp_path)
+    pool.replenish(worker_env(""))
+    process = pool._spare.process
+    pool.close()
+    deadline = time.monotonic() + 15
+    while process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process.poll() is not None
+    pool.replenish(worker_env(""))
+    assert len(sleeping_spares) == 1
+
+
+def test_a_disabled_pool_starts_nothing(tmp_path, sleeping_spares):
+    pool = SparePool(tmp_path, enabled=False)
+    pool.replenish(worker_env(""))
+    assert sleeping_spares == [] and pool.take(worker_env("")) is None
+
+
+def test_worker_env_is_offline_and_sees_only_its_devices(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,4")
+    env = worker_env("4")
+    assert env["HF_HUB_OFFLINE"] == "1" and env["CUDA_VISIBLE_DEVICES"] == "4"
+
+
+def test_bytecode_hint_names_the_cause_only_when_bytecode_is_missing_and_cannot_be_written(
+    tmp_path,
+):
+    source = tmp_path / "pkg" / "__init__.py"
+    source.parent.mkdir()
+    source.write_text("x = 1\n")
+    hint = bytecode_hint(str(source), dont_write=True)
+    assert hint is not None
+    assert "PYTHONDONTWRITEBYTECODE is set" in hint and "UV_COMPILE_BYTECODE=1" in hint
+    assert bytecode_hint(str(source), dont_write=False) is None  # the first import writes it
+    py_compile.compile(str(source), cfile=cache_from_source(str(source)))
+    assert bytecode_hint(str(source), dont_write=True) is None
