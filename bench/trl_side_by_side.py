@@ -20,6 +20,11 @@ Besides the step ratio it prints each side's wall time from the command's start 
 step (model load and, for the recipe, backend start and the evaluations the recipe runs).
 
     python3 -m uv run --frozen --all-extras python bench/trl_side_by_side.py --steps 4
+    python3 -m uv run --frozen --all-extras python bench/trl_side_by_side.py --only sft --repeat 5
+
+On a small shared machine one pair of runs does not resolve a few percent (TRL's own step times
+moved by up to 25% between runs here): ``--repeat N`` runs N pairs, alternating which side goes
+first, and reports the median of the pairs' ratios with their range.
 
 Needs the ``bench`` extra (TRL); no journey imports TRL.
 """
@@ -276,16 +281,35 @@ def compare(ours: dict, trl: dict) -> dict:
     }
 
 
+def summarise(pairs: list[dict]) -> dict:
+    """The median of the pairs' step and wall ratios with their range, then every pair."""
+    out = {}
+    for key in ("ratio_project_over_trl", "wall_ratio_project_over_trl"):
+        values = [pair[key] for pair in pairs]
+        out[key] = round(statistics.median(values), 3)
+        out[key.replace("ratio", "ratio_range", 1)] = [min(values), max(values)]
+    return {**out, "pairs": pairs}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--steps", type=int, default=4, help="steps of each side (>= 2)")
     parser.add_argument("--only", choices=("sft", "grpo"), help="one of the two comparisons")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="pairs of runs of each comparison (the order of the two sides alternates); the "
+        "summary is the median of the pairs' ratios with their range",
+    )
     parser.add_argument("--out", help="also write the JSON result here")
     args = parser.parse_args()
     if args.steps < 2:
         parser.error(f"--steps={args.steps}; accepted: 2 or more (step 1 is warm-up)")
+    if args.repeat < 1:
+        parser.error(f"--repeat={args.repeat}; accepted: 1 or more")
 
     import logging
 
@@ -296,10 +320,21 @@ def main() -> None:
     torch.set_num_threads(threads)
     work = Path(tempfile.mkdtemp(prefix="bench-trl-"))
     result: dict = {"steps": args.steps, "cpu_count": threads, "torch_threads_trl": threads}
-    if args.only in (None, "sft"):
-        result["sft"] = compare(project_sft(args.steps, work), trl_sft(args.steps, work))
-    if args.only in (None, "grpo"):
-        result["math_grpo"] = compare(project_grpo(args.steps, work), trl_grpo(args.steps, work))
+    result["repeat"] = args.repeat
+    sides = {"sft": (project_sft, trl_sft), "math_grpo": (project_grpo, trl_grpo)}
+    for name, (ours, theirs) in sides.items():
+        if args.only not in (None, name.removeprefix("math_")):
+            continue
+        pairs = []
+        for i in range(args.repeat):
+            where = work / f"{name}-{i}"
+            if i % 2 == 0:
+                mine = ours(args.steps, where)
+                pairs.append(compare(mine, theirs(args.steps, where)))
+            else:  # TRL first, so that drift in the machine does not favour one side
+                other = theirs(args.steps, where)
+                pairs.append(compare(ours(args.steps, where), other))
+        result[name] = pairs[0] if args.repeat == 1 else summarise(pairs)
     text = json.dumps({"work": str(work), "result": result}, indent=2)
     print(text)
     if args.out:

@@ -1,6 +1,7 @@
 """Build, smoke-test and remove one image per journey, from journeys.toml and uv.lock.
 
-    python ci/images.py                                 # every landed journey: build, smoke, remove
+    python ci/images.py                                 # every landed journey: build, smoke,
+                                                        # train to the first step, remove
     python ci/images.py --journey sft --keep            # one journey, keep the image
     python ci/images.py --base localhost/cortex-ci-base:bookworm   # CI: a local base image
     python ci/images.py --journey sft --reproducible    # build twice, compare image IDs
@@ -206,6 +207,47 @@ def qualify_image(
     return result
 
 
+# The overrides that stop each journey's default config (`train` with no profile) after its
+# first optimizer step; `train` in CI runs with these, as the image's own non-root user, whose
+# baked model cache is read-only (issue 34: TITO's default wrote a model copy into it).
+FIRST_STEP = {
+    "sft": ["steps=1"],
+    "opd": ["steps=1"],
+    "grpo": ["max_steps=1"],
+    "math_grpo": ["max_steps=1"],
+    "tito": ["warm_start_steps=1", "rl_steps=1"],
+}
+# The grpo image holds no prime-rl environment (CI cannot reach GitHub): its `train` must stop
+# at once and say what to do, naming these.
+PRIMERL_ADVICE = ("CORTEX_RECIPES_PRIMERL_PYTHON", "install.sh", "docker/primerl.Dockerfile")
+
+
+def train_image(engine: str, journey: str, image: str) -> dict:
+    """Run the image's ``train`` verb with the journey's default config up to its first step
+    (FIRST_STEP), as the image's default (non-root) user; the grpo journey must instead stop
+    with PRIMERL_ADVICE. Returns seconds, exit code and the problems found (empty: passed)."""
+    if journey not in FIRST_STEP:
+        return {"train_problems": [f"no first-step override for journey {journey!r} (FIRST_STEP)"]}
+    started = time.monotonic()
+    proc = subprocess.run(
+        [engine, "run", "--rm", image, "train", *FIRST_STEP[journey]],
+        check=False, capture_output=True, text=True,
+    )  # fmt: skip
+    result = {"train_s": round(time.monotonic() - started, 1), "train_rc": proc.returncode}
+    output = proc.stdout + proc.stderr
+    if journey == "grpo":
+        missing = [word for word in PRIMERL_ADVICE if word not in output]
+        problems = (["train exited 0 without a prime-rl environment"] if proc.returncode == 0
+                    else [])  # fmt: skip
+        problems += [f"train's message does not name {word}" for word in missing]
+    else:
+        problems = [] if proc.returncode == 0 else [f"train exited {proc.returncode}"]
+    if problems:
+        sys.stderr.write(output[-4000:])
+    result["train_problems"] = problems
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -220,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--journey", action="append", help="only these journeys (repeatable)")
     parser.add_argument("--keep", action="store_true", help="keep the images")
     parser.add_argument("--no-smoke", action="store_true")
+    parser.add_argument(
+        "--no-train",
+        action="store_true",
+        help="skip `train` with the default config to its first step (FIRST_STEP)",
+    )
     parser.add_argument(
         "--reproducible",
         action="store_true",
@@ -297,6 +344,10 @@ def main(argv: list[str] | None = None) -> int:
                 result["smoke_s"] = round(time.monotonic() - started, 1)
                 result["smoke_rc"] = smoke.returncode
                 if smoke.returncode != 0:
+                    failed.append(journey["name"])
+            if not args.no_train:
+                result.update(train_image(args.engine, journey["name"], pinned))
+                if result["train_problems"]:
                     failed.append(journey["name"])
             if journey["name"] in qualify:
                 result.update(

@@ -84,16 +84,25 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from cortex_recipes.validate import stale_evidence, validate_repository
 
     root = _root(args)
-    status = _print_problems(validate_repository(root), "validate")
+    problems = validate_repository(root)
+    for problem in problems:
+        print(problem)
     stale = stale_evidence(root)
     for line in stale:  # on stderr: stdout stays one line per contract problem
         (log.error if args.release else log.warning)("stale: %s", line)
+    # One summary line that counts what was found (the stale records fail a release only).
+    found = [f"{len(problems)} problem(s)"] if problems else []
     if stale:
-        (log.error if args.release else log.warning)(
-            "validate: %d evidence record(s) no longer describe the code%s", len(stale),
-            "" if args.release else " (a release, `validate --release`, fails on them)",
-        )  # fmt: skip
-    return 1 if status or (args.release and stale) else 0
+        found.append(
+            f"{len(stale)} evidence record(s) no longer describe the code"
+            + ("" if args.release else " (a release, `validate --release`, fails on them)")
+        )
+    failed = bool(problems) or (args.release and bool(stale))
+    if not found:
+        log.info("validate: no problems")
+    else:
+        (log.error if failed else log.warning)("validate: %s", "; ".join(found))
+    return 1 if failed else 0
 
 
 def _cmd_catalog_validate(args: argparse.Namespace) -> int:

@@ -1,4 +1,5 @@
-"""Connections: ``local`` (the embedded backend in a child process) or a connection file.
+"""Connections: ``local`` (the embedded backend in a child process), ``local-hosted`` (the same
+in hosted-conformance mode) or a connection file.
 
 A connection file is JSON, either a Cortex PAT connection
 ``{"host": ..., "pat": ..., "database": ..., "schema": ...}`` or a compatible server
@@ -19,6 +20,9 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 LOCAL = "local"
+# The local backend in hosted-conformance mode (cortex_recipes.local.hosted): a journey's hosted
+# path, checked on this machine.
+LOCAL_HOSTED = "local-hosted"
 _PAT_KEYS = {"host", "pat", "database", "schema"}
 _URL_KEYS = {"base_url", "database", "schema"}
 _OPTIONAL_KEYS = {"endpoint", "verify_ssl"}
@@ -68,10 +72,11 @@ def connect(
 
     options = dict(client_options or {})
 
-    if connection == LOCAL:
+    if connection in (LOCAL, LOCAL_HOSTED):
         from cortex_recipes.local import LocalBackend
 
-        with LocalBackend(state_dir, device=device) as backend:
+        hosted = connection == LOCAL_HOSTED
+        with LocalBackend(state_dir, device=device, hosted=hosted) as backend:
             log.info("local backend at %s (state in %s)", backend.base_url, backend.state_dir)
             client = backend.client(**options)
             try:

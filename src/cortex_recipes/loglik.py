@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from cortex_recipes import frames, intervals
+from cortex_recipes import frames, intervals, raw_forward
 from cortex_recipes.supervision import TrainOnWhat, render_supervised
 
 
@@ -79,11 +79,12 @@ def answer_logprobs(
     """Mean log-probability per answer token of each ``(prompt, answer)`` item, scored by
     ``forward`` on ``sub_job_id`` (a training or ``log_probability`` sub-job)."""
     input_ids, mask = scoring_rows(tokenizer, renderer, items)
-    response = client.forward(job_id, logprob_frame(input_ids), sub_job_id=sub_job_id)
-    request_id = response.get("request_id") if isinstance(response, dict) else None
-    if not request_id:
-        raise LoglikError(f"forward returned no request_id: {str(response)[:200]}")
-    result = client.poll_request(job_id, request_id)
+    try:
+        result = raw_forward.forward(
+            client, job_id, logprob_frame(input_ids), sub_job_id=sub_job_id
+        )
+    except raw_forward.RawForwardError as exc:
+        raise LoglikError(str(exc)) from None
     outputs = result.get("post_process_outputs") if isinstance(result, dict) else None
     logprobs = outputs.get("logprobs") if isinstance(outputs, dict) else None
     if logprobs is None:

@@ -24,10 +24,15 @@ LOCAL_TOPS = ("cortex_recipes", "recipes")
 MODULE_STRING = re.compile(r"(?:cortex_recipes|recipes)(?:\.\w+)+")
 
 
-def _library_base() -> Path:
-    """Where ``cortex_recipes`` is imported from: ``<repo>/src`` in a checkout, site-packages
-    in an image (which has no ``src/``). Its files are named ``src/cortex_recipes/...`` either
-    way, so a checkout and an image of one commit give one digest."""
+def _library_base(root: Path) -> Path:
+    """The ``cortex_recipes`` library a digest of ``root`` reads: ``root/src`` when ``root`` is a
+    checkout holding it (the repository asked about, not necessarily the one imported from),
+    else where ``cortex_recipes`` is imported from (site-packages in an image, which has no
+    ``src/``). Its files are named ``src/cortex_recipes/...`` either way, so a checkout and an
+    image of one commit give one digest."""
+    local = Path(root).resolve() / "src"
+    if (local / "cortex_recipes" / "__init__.py").is_file():
+        return local
     import cortex_recipes
 
     return Path(cortex_recipes.__file__).resolve().parent.parent
@@ -35,7 +40,7 @@ def _library_base() -> Path:
 
 def _module_path(root: Path, module: str) -> Path | None:
     parts = module.split(".")
-    base = _library_base() if parts[0] == "cortex_recipes" else root
+    base = _library_base(root) if parts[0] == "cortex_recipes" else root
     candidate = base.joinpath(*parts)
     if candidate.with_suffix(".py").is_file():
         return candidate.with_suffix(".py")
@@ -46,7 +51,7 @@ def _module_path(root: Path, module: str) -> Path | None:
 
 def _display(root: Path, path: Path) -> str:
     """The path a file is hashed under: repository-relative, the library under ``src/``."""
-    library = _library_base()
+    library = _library_base(root)
     if path.is_relative_to(library):
         return "src/" + path.relative_to(library).as_posix()
     return path.relative_to(root).as_posix()

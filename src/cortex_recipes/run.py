@@ -111,7 +111,8 @@ class RunConfig:
     profile: str = chz.field(doc="the profile file (JSON or TOML) under the recipe's configs/")
     connection: str = chz.field(
         default="local",
-        doc="'local' (the embedded backend) or a connection file for a Cortex endpoint",
+        doc="'local' (the embedded backend), 'local-hosted' (the same, in hosted-conformance "
+        "mode) or a connection file for a Cortex endpoint",
     )
     run_name: str = chz.field(
         default="", doc="default: the profile name; the run lives in runs/<journey>/<run_name>"
@@ -307,10 +308,10 @@ class Run:
         the block ends, however it ends. A local backend keeps its state in ``backend/``; the
         SDK's stdout lines go to ``debug.log`` while the block is open."""
         from cortex_recipes.console import DEBUG_LOG, sdk_output_to
-        from cortex_recipes.endpoint import LOCAL, connect
+        from cortex_recipes.endpoint import LOCAL, LOCAL_HOSTED, connect
         from cortex_recipes.progress import logging_above_bars
 
-        state_dir = self.backend_dir if connection == LOCAL else None
+        state_dir = self.backend_dir if connection in (LOCAL, LOCAL_HOSTED) else None
         with (
             sdk_output_to(self.path / DEBUG_LOG),
             connect(connection, state_dir=state_dir, client_options=client_options) as client,

@@ -135,12 +135,17 @@ def test_sft_conversation_rows_give_the_handmade_frame():
 class FakeTeacher:
     """A log_probability sub-job whose score at column ``i`` of row ``r`` is -(10 r + i) / 100."""
 
+    _prefix = "/api"
+
     def __init__(self):
         self.sent = None
 
-    def forward(self, job_id, frame, sub_job_id):
-        self.sent = wire.loads(frame)
-        return {"request_id": "r1"}
+    def _send(self, method, url, *, data, params, headers):
+        """The raw forward transport's one call (cortex_recipes.raw_forward)."""
+        assert (method, url, params) == ("POST", "/api/job/forward", {"sub_job_id": "teacher"})
+        assert headers == {"Content-Type": "application/octet-stream"}
+        self.sent = wire.loads(data)
+        return SimpleNamespace(json=lambda: {"request_id": "r1"}, text="")
 
     def poll_request(self, job_id, request_id):
         rows, width = self.sent["kwargs"]["input_ids"].shape

@@ -27,6 +27,23 @@ SMOLLM2 = "smollm2-135m-instruct"
 EMBEDDINGS = "model.embed_tokens.weight"
 
 
+def test_the_copy_is_built_in_the_writable_cache_when_the_fixture_is_baked(tmp_path, monkeypatch):
+    """As in a journey's image: the fixture is read from a baked cache, the copy with the
+    renderer's tokens lands in the user's writable cache (issue 34: it was written into the
+    baked cache and failed with PermissionError as the image's user)."""
+    from cortex_recipes.models.cache import cache_root
+
+    baked = cache_root()
+    source = resolve_model_path(SMOLLM2)  # built (or found) in the usual cache
+    monkeypatch.setenv("CORTEX_RECIPES_BAKED_CACHE", str(baked))
+    monkeypatch.setenv("CORTEX_RECIPES_CACHE", str(tmp_path / "writable"))
+    before = sorted(p.name for p in (baked / "models").iterdir())
+    assert resolve_model_path(SMOLLM2) == source  # the baked fixture, not a rebuild
+    copy = with_renderer_tokens(SMOLLM2)
+    assert copy.is_relative_to(tmp_path / "writable" / "models" / "with-renderer-tokens")
+    assert sorted(p.name for p in (baked / "models").iterdir()) == before
+
+
 def test_the_copy_renames_unused_special_tokens_gives_them_rows_and_keeps_plain_text(
     tmp_path, monkeypatch
 ):

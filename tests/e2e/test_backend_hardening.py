@@ -469,3 +469,40 @@ def test_cancelling_a_job_reports_its_requests_cancelled_not_dead(client, backen
     assert "cancelled" in states and set(states) <= {"cancelled", "completed"}, states
     refused = post(backend, doomed, "step", body={})
     assert refused.status_code == 410 and "cancelled" in refused.json()["message"]
+
+
+def test_an_upload_cut_off_midway_is_one_info_line_not_a_500(backend, job):
+    """A client that disconnects mid-upload is logged once, at info level, without a
+    traceback (issue 35: 60 aborted uploads wrote 6,618 log lines of 500s)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    target = urlsplit(url(backend, job, "forward-backward"))
+    before = backend.log_path.read_text()
+    for _ in range(3):
+        with socket.create_connection((target.hostname, target.port), timeout=10) as sock:
+            sock.sendall(
+                f"POST {target.path} HTTP/1.1\r\nHost: {target.netloc}\r\n"
+                "Content-Type: application/octet-stream\r\nContent-Length: 1000000\r\n\r\n".encode()
+                + b"x" * 1000
+            )
+    time.sleep(1.0)
+    assert requests.get(f"{backend.base_url}/healthz", timeout=10).json() == {"status": "ok"}
+    added = backend.log_path.read_text()[len(before) :]
+    lines = [line for line in added.splitlines() if "disconnected during the upload" in line]
+    assert len(lines) == 3 and all(" INFO " in line for line in lines), added[-2000:]
+    assert "Traceback" not in added and "unexpected error" not in added
+
+
+@pytest.mark.parametrize("cursor", ["²", "-1", "1e3", "9" * 40, "٣"])
+def test_a_cursor_that_is_not_one_the_server_issued_is_a_400(client, backend, job, cursor):
+    from cortex_recipes import raw_forward
+
+    scoring = frame({"input_ids": ids_batch()}, processing={"post": ["compute_logprobs"]})
+    request_id = raw_forward.submit(client, job, scoring, sub_job_id=f"{job}:training:0")
+    client.poll_request(job, request_id)
+    response = requests.get(
+        url(backend, job, f"requests/{request_id}"), params={"cursor": cursor}, timeout=30
+    )
+    assert response.status_code == 400, response.text
+    assert "cursor=" in response.json()["message"]

@@ -194,6 +194,37 @@ def test_sampler_logprobs_match_log_probability_forward(client, rl_job):
     assert torch.allclose(teacher, torch.tensor(sampled), atol=1e-4)
 
 
+def test_the_raw_dssst1_forward_route_scores_like_the_wrapped_operation(client, rl_job):
+    """``POST /{job}/forward`` with the raw frame (what the journeys send, and the form the
+    hosted route takes) gives the same logprobs as the SDK's base64-wrapped ``/operation``;
+    a body that is not a frame and an unknown sub-job are 400s naming what is wrong."""
+    import requests
+
+    from cortex_recipes import raw_forward
+
+    ids = batch(11, rows=2, length=9)
+    frame = wire.dumps(
+        {"args": (), "kwargs": {"input_ids": ids}, "processing": {"post": ["compute_logprobs"]}}
+    )
+    scorer = f"{rl_job}:log_prob:0"
+    raw = raw_forward.forward(client, rl_job, frame, sub_job_id=scorer)
+    wrapped = run(client, rl_job, client.forward(rl_job, frame, sub_job_id=scorer)["request_id"])
+    got = raw["post_process_outputs"]["logprobs"]
+    assert got.shape == (2, 9) and torch.equal(got, wrapped["post_process_outputs"]["logprobs"])
+    by_type = raw_forward.forward(
+        client, rl_job, frame, sub_job_id=scorer, sub_job_type="log_probability"
+    )
+    assert torch.equal(by_type["post_process_outputs"]["logprobs"], got)
+    with pytest.raises(requests.HTTPError) as info:
+        raw_forward.submit(client, rl_job, b"not a frame", sub_job_id=scorer)
+    assert info.value.response.status_code == 400
+    assert "forward frame" in info.value.response.json()["message"]
+    with pytest.raises(requests.HTTPError) as info:
+        raw_forward.submit(client, rl_job, frame, sub_job_id=f"{rl_job}:log_prob:7")
+    assert info.value.response.status_code in (400, 404)
+    assert "log_prob:7" in info.value.response.json()["message"]
+
+
 def test_batched_generate_rows_match_rows_sampled_alone(client, rl_job):
     """Prompts of different lengths in one request are left-padded into one batch; each
     row's tokens follow its own seed and its logprobs match the row sampled on its own."""

@@ -25,6 +25,7 @@ COPIED = (
     "docs/metrics.md",
     "docs/datasets.md",
     "docs/plots-and-trackers.md",
+    "docs/local-backend.md",
 )
 
 SFT = "recipes/sft/conversational"

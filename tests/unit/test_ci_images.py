@@ -112,3 +112,20 @@ def test_the_fixture_stage_copies_every_project_module_its_code_imports():
     assert missing - LAZY_OUTSIDE_FIXTURES == set(), sorted(missing - LAZY_OUTSIDE_FIXTURES)
     # an allowance that no longer matches anything is removed, not kept as a blind spot
     assert missing >= LAZY_OUTSIDE_FIXTURES, sorted(LAZY_OUTSIDE_FIXTURES - missing)
+
+
+def test_every_landed_journey_has_a_first_step_override_its_entry_point_accepts():
+    """CI runs each image's `train` with FIRST_STEP: a journey without one, or an override its
+    entry point's Config does not have, would fail there instead of here."""
+    import importlib
+
+    import chz
+
+    journeys = images.landed_journeys()
+    assert sorted(images.FIRST_STEP) == sorted(j["name"] for j in journeys)
+    for journey in journeys:
+        config = importlib.import_module(journey["entry_point"]).Config
+        for override in images.FIRST_STEP[journey["name"]]:
+            key, value = override.split("=", 1)
+            assert key in chz.chz_fields(config), (journey["name"], key)
+            assert int(value) >= 1

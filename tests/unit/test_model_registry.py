@@ -80,3 +80,34 @@ def test_complete_build_is_reused_not_rebuilt(tmp_path):
     second = build_once(tmp_path / "fixture", build)
     assert first == second and len(calls) == 1
     assert (first / COMPLETE_MARKER).is_file() and (first / "weights.bin").read_bytes() == b"w"
+
+
+def test_a_baked_build_is_used_and_nothing_is_written_into_the_baked_cache(tmp_path, monkeypatch):
+    """An image's fixtures are a read-only baked cache: a finished build there is used as it
+    is; a build that is not there lands in the writable cache, never in the baked one."""
+    baked, writable = tmp_path / "baked", tmp_path / "writable"
+    monkeypatch.setenv("CORTEX_RECIPES_CACHE", str(writable))
+    monkeypatch.setenv("CORTEX_RECIPES_BAKED_CACHE", f"{tmp_path / 'absent'}:{baked}")
+    (baked / "models" / "fixture").mkdir(parents=True)
+    (baked / "models" / "fixture" / COMPLETE_MARKER).write_text("")
+    (baked / "models" / "half").mkdir(parents=True)  # no marker: not a finished build
+    calls = []
+
+    def build(out: Path) -> None:
+        calls.append(out)
+        (out / "weights.bin").write_bytes(b"w")
+
+    for path in (baked, *baked.rglob("*")):
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    try:
+        assert build_once(writable / "models" / "fixture", build) == baked / "models" / "fixture"
+        assert calls == []
+        derived = build_once(writable / "models" / "half", build)
+        other = build_once(tmp_path / "elsewhere", build)  # not under the cache root
+    finally:
+        for path in (baked, *baked.rglob("*")):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+    assert derived == writable / "models" / "half" and (derived / "weights.bin").is_file()
+    assert other == tmp_path / "elsewhere" and len(calls) == 2
+    assert sorted(p.name for p in (baked / "models").iterdir()) == ["fixture", "half"]
+    assert list((baked / "models" / "half").iterdir()) == []

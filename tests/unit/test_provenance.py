@@ -119,3 +119,21 @@ def test_qualify_stale_with_nothing_stale_runs_nothing(tmp_path, capsys):
     assert main(["qualify", "--stale", "--root", str(root)]) == 0
     assert "no stale evidence" in capsys.readouterr().out
     assert main(["qualify", "sft", "--stale", "--root", str(root)]) == 2
+
+
+def test_a_digest_of_another_checkout_reads_that_checkouts_library(tmp_path):
+    """`validate --release --root DIR` must see DIR's src/, not the imported package's: a
+    change to the library in DIR changes DIR's digest only (issue 35)."""
+    shutil.copytree(ROOT / "recipes" / "sft", tmp_path / "recipes" / "sft")
+    shutil.copy(ROOT / "recipes" / "__init__.py", tmp_path / "recipes" / "__init__.py")
+    shutil.copytree(
+        ROOT / "src" / "cortex_recipes",
+        tmp_path / "src" / "cortex_recipes",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    folder = Path("recipes/sft/conversational")
+    assert code_digest(tmp_path, folder) == code_digest(ROOT, folder)
+    frames = tmp_path / "src" / "cortex_recipes" / "frames.py"
+    frames.write_text(frames.read_text() + "\n# changed in the other checkout\n")
+    assert code_digest(tmp_path, folder) != code_digest(ROOT, folder)
+    assert (tmp_path / "src" / "cortex_recipes" / "frames.py") in code_files(tmp_path, folder)

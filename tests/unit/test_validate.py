@@ -477,3 +477,6 @@ def test_release_fails_on_evidence_recorded_before_code_digests(repo, caplog):
     assert cli.main(["validate", "--root", str(repo)]) == 0
     assert "no code_digest" in caplog.text
     assert cli.main(["validate", "--root", str(repo), "--release"]) == 1
+    summaries = [r.getMessage() for r in caplog.records if r.getMessage().startswith("validate:")]
+    assert summaries and not any("no problems" in s for s in summaries)  # issue 35
+    assert "evidence record(s) no longer describe the code" in summaries[-1]

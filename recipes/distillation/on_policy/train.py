@@ -30,7 +30,7 @@ import time
 import chz
 import torch
 
-from cortex_recipes import completions, frames, profiles, progress
+from cortex_recipes import completions, frames, profiles, progress, raw_forward
 from cortex_recipes.distill import teacher as teacher_lib
 from cortex_recipes.distill import teacher_sft
 from cortex_recipes.distill.profile import OPDProfile, load_opd_profile
@@ -65,12 +65,10 @@ class Config(RunConfig):
 
 def teacher_fingerprint(client, job_id: str, teacher_id: str, probe: list[int]) -> str:
     """Hash of the teacher's logprobs on a fixed probe: equal at start and end => teacher frozen."""
-    response = client.forward(
-        job_id, frames.teacher_frame(torch.tensor([probe])), sub_job_id=teacher_id
+    result = raw_forward.forward(
+        client, job_id, frames.teacher_frame(torch.tensor([probe])), sub_job_id=teacher_id
     )
-    logprobs = client.poll_request(job_id, response["request_id"])["post_process_outputs"][
-        "logprobs"
-    ]
+    logprobs = result["post_process_outputs"]["logprobs"]
     return hashlib.sha256(logprobs.float().numpy().tobytes()).hexdigest()[:16]
 
 

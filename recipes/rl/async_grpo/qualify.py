@@ -143,6 +143,8 @@ def main(config: Config) -> dict:
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
     run = {
         "runner": "prime-rl",
+        # the prime-rl and verifiers commits that ran (install.sh's record, else pip's)
+        "primerl": summary.get("primerl"),
         "summary": summary,
         "events": events,
         "reconnected_in_process": "reconnect 1/" in first_log,

@@ -26,7 +26,7 @@ import chz
 
 from cortex_recipes import profiles
 from cortex_recipes.models import load_tokenizer
-from cortex_recipes.primerl.launch import primerl_python
+from cortex_recipes.primerl.launch import installed_commits, primerl_python
 from cortex_recipes.profiles import ProfileError
 from cortex_recipes.reconnect import is_recoverable
 from cortex_recipes.rl.grpo import greedy_eval
@@ -128,6 +128,8 @@ def train(config: Config, profile: GRPOProfile, run: Run, reconnects: int = 0) -
         **out,
         "max_off_policy_steps": profile.orchestrator.max_off_policy_steps,
         "reconnects": reconnects,
+        # which prime-rl and verifiers ran (issue 34: the evidence did not say)
+        "primerl": installed_commits(primerl_python()),
     }
     return run.summary({**summary, "eval_accuracy": evals})
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cortex_recipes import frames
+from cortex_recipes import frames, raw_forward
 from cortex_recipes.rollouts import Rollout
 
 
@@ -115,12 +115,12 @@ def score(
 ) -> frames.Batch:
     """Teacher-score rollouts: their batch (mask, sampler logprobs) with aligned teacher scores."""
     batch = frames.pad_batch([frames.rollout_row(r) for r in rollouts], pad_id)
-    response = client.forward(
-        job_id, frames.teacher_frame(batch.input_ids), sub_job_id=teacher_sub_job_id
-    )
-    request_id = response.get("request_id") if isinstance(response, dict) else None
-    if not request_id:
-        raise TeacherScoreError(f"teacher forward returned no request_id: {str(response)[:200]}")
+    try:
+        request_id = raw_forward.submit(
+            client, job_id, frames.teacher_frame(batch.input_ids), sub_job_id=teacher_sub_job_id
+        )
+    except raw_forward.RawForwardError as exc:
+        raise TeacherScoreError(f"teacher forward: {exc}") from None
     result = client.poll_request(job_id, request_id)
     scores = extract_scores(result, rollouts, batch.input_ids.shape[1])
     return batch.with_teacher(align_to_mask(scores, batch.loss_mask))

@@ -15,6 +15,7 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
 from cortex_recipes.local import validation
 from cortex_recipes.local.backend import Backend
@@ -35,15 +36,24 @@ def _error(status: int, message: str, code: Any = None) -> JSONResponse:
 
 async def _body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise BackendError(
             f"request body of {declared} bytes exceeds the limit of {limit} bytes", status=413
         )
     data = bytearray()
-    async for chunk in request.stream():
-        data.extend(chunk)
-        if len(data) > limit:
-            raise BackendError(f"request body exceeds the limit of {limit} bytes", status=413)
+    try:
+        async for chunk in request.stream():
+            data.extend(chunk)
+            if len(data) > limit:
+                raise BackendError(f"request body exceeds the limit of {limit} bytes", status=413)
+    except ClientDisconnect:
+        # The client went away mid-upload: nothing to answer, nothing of the server's failed.
+        log.info(
+            "client disconnected during the upload to %s after %d bytes",
+            request.url.path,
+            len(data),
+        )
+        raise BackendError("the client disconnected before the request body ended") from None
     return bytes(data)
 
 
@@ -58,9 +68,14 @@ def create_app(
     result_chunk_bytes: int = 8 * 1024 * 1024,
     threads: int | None = None,
     device: str = "auto",
+    hosted: bool = False,
 ) -> FastAPI:
     backend = Backend(
-        state_dir, device=device, threads=threads, result_chunk_bytes=result_chunk_bytes
+        state_dir,
+        device=device,
+        threads=threads,
+        result_chunk_bytes=result_chunk_bytes,
+        hosted=hosted,
     )
     registry, data_plane = backend.registry, backend.data_plane
     app = FastAPI(title="cortex-recipes local backend", docs_url=None, redoc_url=None)
@@ -130,6 +145,21 @@ def create_app(
     ) -> dict[str, Any]:
         data = await _body(request, max_body_bytes)
         return data_plane.forward_backward(job_id, data)
+
+    @app.post(PREFIX + "/{job_id}/forward")
+    async def forward(
+        request: Request,
+        database: str,
+        schema: str,
+        job_id: str,
+        sub_job_id: str | None = None,
+        sub_job_type: str | None = None,
+    ) -> dict[str, Any]:
+        """A no-grad forward whose body is the raw DSSST1 frame (cortex_recipes.raw_forward),
+        routed by the ``sub_job_id`` / ``sub_job_type`` query parameters."""
+        data = await _body(request, max_body_bytes)
+        job = registry.require_running(job_id)
+        return data_plane.forward(job, sub_job_id, sub_job_type, data)
 
     @app.post(PREFIX + "/{job_id}/step")
     async def step(request: Request, database: str, schema: str, job_id: str) -> dict[str, Any]:

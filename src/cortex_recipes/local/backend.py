@@ -29,16 +29,19 @@ class Backend:
         threads: int | None = None,
         result_chunk_bytes: int = 8 * 1024 * 1024,
         poll_wait_s: float = POLL_HOLD_S,
+        hosted: bool = False,
     ):
+        self.hosted = hosted  # hosted-conformance mode (cortex_recipes.local.hosted)
         self.registry = JobRegistry(
             state_dir,
             device=device,
             threads=threads,
             result_chunk_bytes=result_chunk_bytes,
             poll_wait_s=poll_wait_s,
+            hosted=hosted,
         )
         self.dispatcher = Dispatcher()
-        self.data_plane = DataPlane(self.registry, self.dispatcher)
+        self.data_plane = DataPlane(self.registry, self.dispatcher, hosted=hosted)
 
     def operation(self, job_id: str, body: Any) -> dict[str, Any]:
         return run_operation(self, job_id, body)

@@ -6,12 +6,14 @@ Invariants:
 - Chunked frames go through the job's :class:`~cortex_recipes.local.chunks.ChunkAssembler`, so
   a chunk group's gradient is applied at most once.
 - ``save`` uses the caller's ``checkpoint_id`` when one is given (pattern-checked, 409 if it is
-  taken), else a new one; a failed save leaves nothing listed.
+  taken), else a new one (in hosted-conformance mode always a new one); a failed save leaves
+  nothing listed.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import uuid
 from typing import Any
 
@@ -19,12 +21,16 @@ from cortex_recipes.local import validation
 from cortex_recipes.local.dispatch import Dispatcher, route, training_sub_job, worker_result
 from cortex_recipes.local.errors import BackendError
 from cortex_recipes.local.registry import Job, JobRegistry
+from cortex_recipes.local.specs import abridge
+
+log = logging.getLogger(__name__)
 
 
 class DataPlane:
-    def __init__(self, registry: JobRegistry, dispatcher: Dispatcher):
+    def __init__(self, registry: JobRegistry, dispatcher: Dispatcher, *, hosted: bool = False):
         self.registry = registry
         self.dispatcher = dispatcher
+        self.hosted = hosted
 
     # -- model frames --------------------------------------------------------------------------
 
@@ -104,6 +110,9 @@ class DataPlane:
         validation.only_keys(body, ("checkpoint_id", "checkpoint_type"), "save")
         checkpoint_type = validation.checkpoint_type(body.get("checkpoint_type"))
         requested = body.get("checkpoint_id")
+        if self.hosted and requested is not None:  # rule checkpoint-id-ignored
+            log.info("save: checkpoint_id=%s ignored (hosted-conformance mode)", abridge(requested))
+            requested = None
         checkpoint_id = (
             f"cp_{uuid.uuid4().hex}" if requested is None else validation.checkpoint_id(requested)
         )

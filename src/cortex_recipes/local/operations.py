@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from cortex_recipes.local import validation
+from cortex_recipes.local import hosted, validation
 from cortex_recipes.local.dispatch import route
 from cortex_recipes.local.errors import BackendError
 from cortex_recipes.local.specs import JOB_TYPES, abridge
@@ -27,6 +27,13 @@ MAX_LOG_LINES = 10_000
 
 def _forward(backend: Backend, job_id: str, body: dict) -> dict[str, Any]:
     job = backend.registry.require_running(job_id)
+    payload = body.get("payload")
+    if backend.hosted and isinstance(payload, dict) and "payload_b64" in payload:
+        raise hosted.refuse(
+            "forward-raw-dssst1",
+            "operation forward: a base64-wrapped DSSST1 payload (payload.payload_b64) is not "
+            "accepted; post the raw frame to /{job_id}/forward (cortex_recipes.raw_forward)",
+        )
     return backend.data_plane.forward(
         job, body.get("sub_job_id"), body.get("sub_job_type"), body.get("payload")
     )
@@ -163,9 +170,13 @@ def run_operation(backend: Backend, job_id: str, body: Any) -> dict[str, Any]:
     body = validation.json_object(body, "operation")
     validation.only_keys(body, BODY_KEYS, "operation")
     op = body.get("operation_type")
-    handler = OPERATIONS.get(op) if isinstance(op, str) else None
+    accepted = [
+        name for name in OPERATIONS if not (backend.hosted and name in hosted.LOCAL_OPERATIONS)
+    ]
+    handler = OPERATIONS.get(op) if op in accepted else None
     if handler is None:
-        raise BackendError(
-            f"operation_type={abridge(op)} is not supported; accepted: {', '.join(OPERATIONS)}"
-        )
+        message = f"operation_type={abridge(op)} is not supported; accepted: {', '.join(accepted)}"
+        if op in hosted.LOCAL_OPERATIONS:
+            raise hosted.refuse("no-local-operations", message)
+        raise BackendError(message)
     return handler(backend, job_id, body)

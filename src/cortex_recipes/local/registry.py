@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cortex_recipes.local import devices, validation
+from cortex_recipes.local import devices, hosted, validation
 from cortex_recipes.local.checkpoints import CheckpointStore
 from cortex_recipes.local.chunks import ChunkAssembler
 from cortex_recipes.local.cores import CoreBalancer
@@ -86,7 +86,9 @@ class JobRegistry:
         threads: int | None = None,
         result_chunk_bytes: int = 8 * 1024 * 1024,
         poll_wait_s: float = POLL_HOLD_S,
+        hosted: bool = False,
     ):
+        self.hosted = hosted  # hosted-conformance mode (cortex_recipes.local.hosted)
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.device_mode = devices.device_mode(device)
@@ -135,6 +137,12 @@ class JobRegistry:
         validation.job_id(job_id)
         specs = parse_sub_jobs(job_id, body.get("sub_job_configs"))
         for i, spec in enumerate(specs):
+            if self.hosted and hosted.is_model_folder(spec.model_name):
+                raise hosted.refuse(
+                    "no-model-folders",
+                    f"sub_job_configs[{i}].model_name={abridge(spec.model_name)} is a folder on "
+                    "this machine; hosted Cortex loads models by name",
+                )
             if spec.model_name not in FIXTURE_MODELS:
                 try:
                     resolve_model_path(spec.model_name)

@@ -191,6 +191,10 @@ class RequestStore:
             request.forget_callback(wake)
 
     def status(self, request_id: str, cursor: str | None, max_events: int | None) -> dict:
+        # Checked first, whatever the request's state: only ASCII digits this server could have
+        # issued (str.isdigit would take '²', which int() refuses).
+        if cursor and not re.fullmatch(r"[0-9]{1,12}", cursor):
+            raise BackendError(f"cursor={cursor[:40]!r} is not a cursor this server issued")
         request = self.get(request_id)
         status = request.status
         if status == "pending" and request.future is not None and request.future.running():
@@ -221,8 +225,6 @@ class RequestStore:
             }
             return body
         chunks = wire.encode_byte_chunks(frame, kind="result", max_bytes=self.result_chunk_bytes)
-        if cursor and not re.fullmatch(r"[0-9]{1,12}", cursor):
-            raise BackendError(f"cursor={cursor[:40]!r} is not a cursor this server issued")
         start = int(cursor) if cursor else 0
         if not 0 <= start <= len(chunks):
             raise BackendError(f"cursor={cursor!r} is out of range [0, {len(chunks)}]")

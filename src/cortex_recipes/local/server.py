@@ -23,6 +23,7 @@ from pathlib import Path
 import requests
 
 from cortex_recipes.local.devices import DEVICE_ENV, DEVICE_MODES, device_mode
+from cortex_recipes.local.hosted import RULES as HOSTED_RULES
 from cortex_recipes.local.workers import bytecode_hint
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ def serve(
     max_body_bytes: int | None = None,
     result_chunk_bytes: int | None = None,
     device: str = "auto",
+    hosted: bool = False,
 ) -> None:
     import uvicorn
 
@@ -61,6 +63,7 @@ def serve(
         state_dir,
         threads=threads,
         device=device,
+        hosted=hosted,
         **({"max_body_bytes": max_body_bytes} if max_body_bytes else {}),
         **({"result_chunk_bytes": result_chunk_bytes} if result_chunk_bytes else {}),
     )
@@ -72,6 +75,8 @@ def serve(
         tmp.write_text(json.dumps({"host": host, "port": bound_port, "pid": os.getpid()}))
         os.replace(tmp, ready_file)
     log.info("local backend listening on http://%s:%d (state in %s)", host, bound_port, state_dir)
+    if hosted:
+        log.info("hosted-conformance mode: rules %s", ", ".join(HOSTED_RULES))
     hint = bytecode_hint()
     if hint:
         log.warning("%s", hint)
@@ -86,7 +91,8 @@ class LocalBackend:
 
     ``base_url``, ``database`` and ``schema`` are what ``CortexTrainingClient`` needs.
     ``device`` is ``auto`` (a GPU when CUDA is visible and the sub-job asks for one), ``cpu``
-    or ``cuda``; None reads ``$CORTEX_RECIPES_DEVICE`` (default ``auto``).
+    or ``cuda``; None reads ``$CORTEX_RECIPES_DEVICE`` (default ``auto``). ``hosted`` starts
+    it in hosted-conformance mode (:mod:`cortex_recipes.local.hosted`).
     """
 
     def __init__(
@@ -99,8 +105,10 @@ class LocalBackend:
         max_body_bytes: int | None = None,
         result_chunk_bytes: int | None = None,
         device: str | None = None,
+        hosted: bool = False,
     ):
         self.device = device_mode(device)
+        self.hosted = hosted
         self.max_body_bytes = max_body_bytes
         self.result_chunk_bytes = result_chunk_bytes
         self._tmp = None
@@ -135,6 +143,8 @@ class LocalBackend:
             "--device",
             self.device,
         ]
+        if self.hosted:
+            cmd.append("--hosted")
         if self.threads:
             cmd += ["--threads", str(self.threads)]
         if self.max_body_bytes:
@@ -248,6 +258,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         f"or auto",
     )
     parser.add_argument(
+        "--hosted",
+        action="store_true",
+        help="hosted-conformance mode: refuse what hosted Cortex documents it does not accept "
+        "(cortex_recipes.local.hosted; docs/local-backend.md)",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -282,6 +298,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_body_bytes,
             result_chunk_bytes=args.result_chunk_bytes,
             device=device_mode(args.device),
+            hosted=args.hosted,
         )
     return 0
 

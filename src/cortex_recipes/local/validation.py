@@ -616,7 +616,10 @@ def validate_model_frame(
 
 
 def forward_payload_bytes(payload: Any) -> bytes:
-    """The DSSST1 bytes of a ``forward`` payload: base64-wrapped bytes or a JSON frame."""
+    """The DSSST1 bytes of a ``forward`` payload: the raw frame (the ``/forward`` route),
+    base64-wrapped bytes (the SDK's ``/operation`` forward) or a JSON frame."""
+    if isinstance(payload, bytes):
+        return payload
     if isinstance(payload, dict) and "payload_b64" in payload:
         encoded = payload["payload_b64"]
         if not isinstance(encoded, str):

@@ -29,8 +29,11 @@ def primerl_python(explicit: str | os.PathLike | None = None) -> Path:
     if not value:
         raise PrimeRLNotFound(
             f"no prime-rl environment: set {ENV_VAR} to the python of an environment with "
-            "prime-rl 559b447 and verifiers a60a606 installed (docs/async-grpo.md, 'Installing "
-            "prime-rl')"
+            "prime-rl 559b447 and verifiers a60a606 installed. On a machine that reaches "
+            "GitHub: `bash recipes/rl/async_grpo/primerl/install.sh /opt/prime-rl-venv` then "
+            f"`export {ENV_VAR}=/opt/prime-rl-venv/bin/python`; in the grpo image, build "
+            "cortex/grpo-primerl from docker/primerl.Dockerfile, which does both "
+            "(docs/async-grpo.md, 'Installing prime-rl')"
         )
     python = Path(value)
     if not python.is_file():
@@ -42,6 +45,62 @@ def primerl_python(explicit: str | os.PathLike | None = None) -> Path:
                 "in that environment?"
             )
     return python
+
+
+PINS_FILE = "cortex-recipes-primerl.json"  # written by install.sh into the environment
+_PACKAGES = ("prime-rl", "verifiers")
+_PROBE = """
+import json, importlib.metadata as m
+out = {}
+for name in %r:
+    try:
+        dist = m.distribution(name)
+    except m.PackageNotFoundError:
+        out[name] = None
+        continue
+    url = json.loads(dist.read_text("direct_url.json") or "{}")
+    out[name] = {"version": dist.version, "url": url.get("url"),
+                 "commit": (url.get("vcs_info") or {}).get("commit_id")}
+print(json.dumps(out))
+"""
+
+
+def installed_commits(python: Path) -> dict:
+    """Which prime-rl and verifiers the environment of ``python`` holds, by commit: what
+    install.sh recorded (``PINS_FILE``, written after it checked the commits), else the
+    packages' own install records (a git install names its commit; a local-path install only
+    its folder, and then ``commit`` is None). Never raises: what cannot be read says so."""
+    import json
+    import subprocess
+
+    found: dict = {"source": None, **dict.fromkeys(_PACKAGES)}
+    pins = Path(python).parent.parent / PINS_FILE
+    try:
+        recorded = json.loads(pins.read_text())
+        found.update(
+            {name: recorded.get(name) for name in _PACKAGES}, source=recorded.get("source")
+        )
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        probe = subprocess.run(
+            [str(python), "-c", _PROBE % (_PACKAGES,)],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        packages = json.loads(probe.stdout)
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        packages = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    found["packages"] = packages
+    for name in _PACKAGES:
+        if found.get(name) is None and isinstance(packages.get(name), dict):
+            found[name] = packages[name].get("commit")
+    if found["source"] is None:
+        found["source"] = (
+            "the packages' install records"
+            if any(found.get(n) for n in _PACKAGES)
+            else f"unknown: no {PINS_FILE} and no commit in the install records"
+        )
+    return found
 
 
 def script_command(python: Path, script: str, *args: str) -> list[str]:

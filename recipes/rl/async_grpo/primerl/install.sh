@@ -35,4 +35,10 @@ else
   "${pip[@]}" -r "$here/requirements-git.txt"
 fi
 "$venv/bin/python" "$here/../../../../src/cortex_recipes/primerl/import_standins.py" orchestrator --help >/dev/null
+# What was installed, by commit, for the journey's summary and evidence
+# (cortex_recipes.primerl.launch.installed_commits).
+source="install.sh from GitHub by commit"
+if [ -n "$prime_rl" ]; then source="install.sh from local checkouts checked at these commits"; fi
+printf '{"prime-rl": "%s", "verifiers": "%s", "source": "%s"}\n' "$(pin prime-rl)" "$(pin verifiers)" \
+  "$source" > "$venv/cortex-recipes-primerl.json"
 echo "prime-rl environment ready: export CORTEX_RECIPES_PRIMERL_PYTHON=$venv/bin/python"

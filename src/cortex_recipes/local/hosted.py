@@ -1,0 +1,50 @@
+"""Hosted-conformance mode: where the local backend behaves as hosted Cortex is documented to.
+
+The default mode accepts a few things the hosted service documents it does not, so that the
+SDK's own calls work end to end here. ``cortex-recipes serve --hosted`` (``LocalBackend(
+hosted=True)``, the ``local-hosted`` connection) turns each of those off, so a journey's hosted
+path fails here first when it relies on one. Each difference is one named rule, enforced at the
+one place that handles it, and its error names the rule:
+
+- ``forward-raw-dssst1``: the ``/operation`` ``forward`` refuses the SDK's base64-wrapped DSSST1
+  payload (hosted Cortex hands it to a ``/forward`` route that takes raw DSSST1: the SDK's REST
+  reference 7.1); ``POST /{job}/forward`` with the raw frame is accepted in both modes.
+- ``checkpoint-id-ignored``: ``save`` ignores a caller's ``checkpoint_id`` and answers with one
+  it generates (the SDK's REST reference, known limitations); a caller must use the returned id.
+- ``no-model-folders``: a ``model_name`` that is a folder on this machine is refused (hosted
+  Cortex loads models by name from its own cache; a local copy is not there).
+- ``no-local-operations``: ``pause-generation`` / ``resume-generation``, this backend's own
+  extensions, are unknown operation types (a 400, as hosted Cortex answers them).
+
+What the local backend cannot imitate (hosted placement, GPU counts, authentication, model
+availability) is not checked by this mode; docs/local-backend.md lists both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cortex_recipes.local.errors import BackendError
+
+RULES: dict[str, str] = {
+    "forward-raw-dssst1": "the /operation forward refuses a base64-wrapped DSSST1 payload",
+    "checkpoint-id-ignored": "save ignores a caller's checkpoint_id",
+    "no-model-folders": "a model_name that is a folder on this machine is refused",
+    "no-local-operations": "pause-generation and resume-generation are unknown operations",
+}
+LOCAL_OPERATIONS = ("pause-generation", "resume-generation")
+
+
+def refuse(rule: str, message: str, status: int = 400) -> BackendError:
+    assert rule in RULES, rule
+    return BackendError(f"{message} (hosted-conformance rule {rule})", status=status)
+
+
+def is_model_folder(name: str) -> bool:
+    """``name`` names a folder on this machine rather than a model by name."""
+    if name.startswith(("/", "./", "../", "~")):
+        return True
+    try:
+        return Path(name).expanduser().is_dir()
+    except (OSError, ValueError):
+        return False
