@@ -75,8 +75,13 @@ def export_checkpoint(
     source: Path, out: Path, *, merge_lora: bool = False, checkpoint_id: str | None = None
 ) -> dict[str, Any]:
     """Write the checkpoint ``source`` names to ``out``; return what ``export.json`` records."""
+    from cortex_recipes.local.checkpoints import MANIFEST, CheckpointCorrupt, verify
+
     directory = find_checkpoint(source, checkpoint_id)
-    meta = json.loads((directory / META).read_text())
+    try:
+        meta = verify(directory)  # every file against the manifest, before anything is written
+    except CheckpointCorrupt as exc:
+        raise ExportError(str(exc)) from None
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ExportError(f"{out} exists and is not empty; choose a new directory")
@@ -85,7 +90,7 @@ def export_checkpoint(
     standard = (directory / ("adapter_config.json" if lora else "config.json")).is_file()
     if standard and not (lora and merge_lora):
         for item in directory.iterdir():
-            if item.is_file() and item.name != META and not item.name.endswith(".dssst1"):
+            if item.is_file() and item.name not in (META, MANIFEST) and item.suffix != ".dssst1":
                 shutil.copy2(item, out / item.name)
         kind = "peft-adapter" if lora else "hf-model"
     else:

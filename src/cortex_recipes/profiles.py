@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
+import tempfile
 import tomllib
+import traceback
 import types
 import typing
 from collections.abc import Sequence
@@ -37,6 +40,8 @@ __all__ = [
     "describe",
     "entrypoint",
     "load",
+    "at_least",
+    "command_line",
     "read_profile_file",
     "setting",
 ]
@@ -336,3 +341,64 @@ def entrypoint(config_cls: type, profile_cls: type, argv: Sequence[str] | None =
 
         progress.configure(getattr(config, "progress", True))
     return config
+
+
+# -- the command line of a journey -----------------------------------------------------------
+
+
+def at_least(low: int, meaning: str = ""):
+    """A chz field validator: the value is an integer of at least ``low``; the error names the
+    field, the value and what is accepted (``meaning`` says what the smallest values mean)."""
+
+    def check(config: Any, attr: str) -> None:
+        value = getattr(config, attr)
+        name = attr.removeprefix("X_")
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            note = f" ({meaning})" if meaning else ""
+            raise ProfileError(f"{name}={value!r}; accepted: an integer >= {low}{note}")
+
+    return check
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """What a person's command, profile, overrides, connection file or environment can get
+    wrong: reported as one message, never as a traceback."""
+    from cortex_recipes.endpoint import ConnectionConfigError
+    from cortex_recipes.models import ModelNotAvailableError
+    from cortex_recipes.primerl.launch import PrimeRLNotFound
+    from cortex_recipes.run import CheckpointError
+    from cortex_recipes.weights import WeightsError
+
+    return (
+        ProfileError, ConnectionConfigError, CheckpointError, PrimeRLNotFound,
+        ModelNotAvailableError, WeightsError,
+    )  # fmt: skip
+
+
+def command_line(config_cls: type, profile_cls: type, main: Any, report: Any = None) -> int:
+    """A journey's ``__main__``: :func:`entrypoint`, ``main(config)``, then ``report(result)``
+    printed. A user error (:func:`user_errors`) is one ``error: ...`` line on stderr and exit
+    code 2; its traceback goes to the run's ``debug.log`` when the run folder was opened, else
+    to a file named on that line. Anything else is a bug and keeps its traceback."""
+    from cortex_recipes import run as run_lib
+
+    try:
+        result = main(entrypoint(config_cls, profile_cls))
+    except user_errors() as exc:
+        opened = run_lib.last_opened()
+        log_path = opened / "debug.log" if opened else None
+        try:
+            if log_path is None:
+                handle, name = tempfile.mkstemp(prefix="cortex-recipes-error-", suffix=".log")
+                os.close(handle)
+                log_path = Path(name)
+            with open(log_path, "a") as out:
+                traceback.print_exception(exc, file=out)
+            where = f" (details: {log_path})"
+        except OSError:
+            where = ""
+        print(f"error: {exc}{where}", file=sys.stderr)
+        return 2
+    if report is not None:
+        print(report(result))
+    return 0

@@ -59,6 +59,14 @@ from cortex_recipes.qualify import git_revision
 from cortex_recipes.trackers import Trackers, open_trackers
 
 log = logging.getLogger(__name__)
+# The run folder this process opened last (cortex_recipes.profiles.command_line writes a user
+# error's traceback into its debug.log).
+_LAST_OPENED: Path | None = None
+
+
+def last_opened() -> Path | None:
+    return _LAST_OPENED
+
 
 IF_EXISTS = ("resume", "overwrite", "fail")
 RUNS_ROOT = Path("runs")
@@ -197,6 +205,39 @@ class RunCheckpoints:
         steps = self.steps()
         return self.load(steps[-1]) if steps else None
 
+    def latest_verified(self, backend_dir: Path) -> dict[str, Any] | None:
+        """The newest resume state whose trainer checkpoint verifies against its manifest
+        (:func:`cortex_recipes.local.checkpoints.verify`), where that checkpoint is on this
+        machine under ``backend_dir`` (a local backend's); a hosted checkpoint is verified by
+        the service when it is loaded. Each newer one skipped is logged with the reason; when
+        none verifies, CheckpointError names each one's reason (nothing is deleted)."""
+        skipped: list[str] = []
+        for step in reversed(self.steps()):
+            state = self.load(step)
+            trainer = state["trainer"]
+            found = sorted(
+                Path(backend_dir).glob(
+                    f"jobs/{trainer['job_id']}/checkpoints/{trainer['checkpoint_id']}/global_step*"
+                )
+            )
+            if not found:
+                return state
+            from cortex_recipes.local.checkpoints import CheckpointCorrupt, verify
+
+            try:
+                verify(found[-1])
+            except CheckpointCorrupt as exc:
+                log.warning("not resuming from step %d: %s", step, exc)
+                skipped.append(f"step {step}: {exc}")
+                continue
+            return state
+        if skipped:
+            raise CheckpointError(
+                f"{self.root}: no checkpoint verifies ({'; '.join(skipped)}); pass "
+                "if_exists=overwrite to start the run again, or another run_name"
+            )
+        return None
+
     def clear(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -276,9 +317,9 @@ class Run:
         return data
 
     def reload_resume(self) -> dict[str, Any] | None:
-        """Make the newest checkpoint the resume point (again: after a reconnect too) and drop
-        the records of later steps."""
-        latest = self.checkpoints.latest()
+        """Make the newest checkpoint that verifies the resume point (again: after a reconnect
+        too) and drop the records of later steps."""
+        latest = self.checkpoints.latest_verified(self.backend_dir)
         if latest is not None:
             for name in ("metrics.jsonl", "checkpoints.jsonl", "rollouts.jsonl"):
                 self._truncate(name, latest["step"])
@@ -370,6 +411,8 @@ def open_run(
                 "if_exists=overwrite or another run_name"
             )
     path.mkdir(parents=True, exist_ok=True)
+    global _LAST_OPENED
+    _LAST_OPENED = path
     run = Run(path, config_hash=profile.config_hash, resume=latest, journey=journey)
     summary_path = path / "summary.json"
     last_step = max((m.get("step", 0) for m in run.read_metrics()), default=0)

@@ -79,12 +79,22 @@ GATEWAY_KEY_ENV = (
 @chz.chz
 class Config(RunConfig):
     profile: str = profile_field(DEFAULT_PROFILE)
-    rl_steps: int = chz.field(default=0, doc="0: the profile's rl.steps")
+    rl_steps: int = chz.field(
+        validator=profiles.at_least(0, "0: the profile's rl.steps"),
+        default=0,
+        doc="0: the profile's rl.steps",
+    )
     rollouts_rate: float = completions.rate_field()
-    warm_start_steps: int = chz.field(default=-1, doc="< 0: the profile's warm_start.steps")
+    warm_start_steps: int = chz.field(
+        validator=profiles.at_least(-1, "-1: the profile's warm_start.steps"),
+        default=-1,
+        doc="< 0: the profile's warm_start.steps",
+    )
     final_eval: bool = chz.field(default=True, doc="the greedy eval after RL (false: skip it)")
     stop_after_step: int = chz.field(
-        default=0, doc="> 0: stop after this RL step (an interruption, for resume checks)"
+        validator=profiles.at_least(0, "0: no stop"),
+        default=0,
+        doc="> 0: stop after this RL step (an interruption, for resume checks)",
     )
 
 
@@ -369,8 +379,10 @@ def warm_start(
     }
 
 
-if __name__ == "__main__":
-    out = main(profiles.entrypoint(Config, TitoProfile))
+def summary_line(out: dict) -> str:
     keys = ("profile", "eval_before_rl", "eval_after_rl", "rewards", "wall_time_s")
-    print(json.dumps({k: out.get(k) for k in keys} if "profile" in out else out))
-    sys.exit(0)
+    return json.dumps({k: out.get(k) for k in keys} if "profile" in out else out)
+
+
+if __name__ == "__main__":
+    sys.exit(profiles.command_line(Config, TitoProfile, main, summary_line))

@@ -48,12 +48,19 @@ EVAL_SEED = 12345
 @chz.chz
 class Config(RunConfig):
     profile: str = profile_field(DEFAULT_PROFILE)
-    steps: int = chz.field(default=0, doc="0: the profile's steps")
+    steps: int = chz.field(
+        validator=profiles.at_least(0, "0: the profile's steps"),
+        default=0,
+        doc="0: the profile's steps",
+    )
     rollouts_rate: float = completions.rate_field()
     ckpt_interval: int = chz.field(
-        default=0, doc="> 0: a resumable save every this many steps (a resume point)"
+        validator=profiles.at_least(0, "0: none"),
+        default=0,
+        doc="> 0: a resumable save every this many steps (a resume point)",
     )
     eval_interval: int = chz.field(
+        validator=profiles.at_least(0, "0: the profile's"),
         default=0,
         doc="> 0: evaluate every this many steps (and the last); 0: the profile's eval_interval",
     )
@@ -338,8 +345,10 @@ def _rng_state(saved: list) -> tuple:
     return version, tuple(internal), gauss
 
 
-if __name__ == "__main__":
-    out = main(profiles.entrypoint(Config, OPDProfile))
+def summary_line(out: dict) -> str:
     keys = ("profile", "eval_teacher_reverse_kl", "eval_accuracy", "wall_time_s")
-    print(json.dumps({k: out.get(k) for k in keys}))
-    sys.exit(0)
+    return json.dumps({k: out.get(k) for k in keys})
+
+
+if __name__ == "__main__":
+    sys.exit(profiles.command_line(Config, OPDProfile, main, summary_line))

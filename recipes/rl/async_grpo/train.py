@@ -40,9 +40,15 @@ DEFAULT_PROFILE = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
 @chz.chz
 class Config(RunConfig):
     profile: str = profile_field(DEFAULT_PROFILE)
-    max_steps: int = chz.field(default=0, doc="0: the profile's max_steps")
+    max_steps: int = chz.field(
+        validator=profiles.at_least(0, "0: the profile's max_steps"),
+        default=0,
+        doc="0: the profile's max_steps",
+    )
     max_reconnects: int = chz.field(
-        default=3, doc="reconnects after a lost backend before the run gives up"
+        validator=profiles.at_least(0, ""),
+        default=3,
+        doc="reconnects after a lost backend before the run gives up",
     )
 
 
@@ -134,8 +140,10 @@ def train(config: Config, profile: GRPOProfile, run: Run, reconnects: int = 0) -
     return run.summary({**summary, "eval_accuracy": evals})
 
 
-if __name__ == "__main__":
-    out = main(profiles.entrypoint(Config, GRPOProfile))
+def summary_line(out: dict) -> str:
     keys = ("profile", "orchestrator", "eval_accuracy", "losses", "published_versions")
-    print(json.dumps({k: out[k] for k in keys}))
-    sys.exit(0)
+    return json.dumps({k: out[k] for k in keys})
+
+
+if __name__ == "__main__":
+    sys.exit(profiles.command_line(Config, GRPOProfile, main, summary_line))

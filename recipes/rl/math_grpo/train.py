@@ -42,7 +42,11 @@ DEFAULT_PROFILE = "recipes/rl/math_grpo/configs/local-cpu-smollm2-lora.json"
 @chz.chz
 class Config(RunConfig):
     profile: str = profile_field(DEFAULT_PROFILE)
-    max_steps: int = chz.field(default=0, doc="0: the profile's max_steps")
+    max_steps: int = chz.field(
+        validator=profiles.at_least(0, "0: the profile's max_steps"),
+        default=0,
+        doc="0: the profile's max_steps",
+    )
     rollouts_rate: float = completions.rate_field()
     env_latency_s: float = chz.field(default=-1.0, doc="< 0: the profile's env.latency_s")
 
@@ -174,7 +178,9 @@ def main(config: Config) -> dict:
     )
 
 
+def summary_line(out: dict) -> str:
+    return json.dumps({k: out[k] for k in ("profile", "eval_accuracy", "rewards", "wall_time_s")})
+
+
 if __name__ == "__main__":
-    out = main(profiles.entrypoint(Config, GRPOProfile))
-    print(json.dumps({k: out[k] for k in ("profile", "eval_accuracy", "rewards", "wall_time_s")}))
-    sys.exit(0)
+    sys.exit(profiles.command_line(Config, GRPOProfile, main, summary_line))

@@ -37,9 +37,15 @@ DEFAULT_PROFILE = "recipes/sft/conversational/configs/local-cpu-smollm2-lora.jso
 @chz.chz
 class Config(RunConfig):
     profile: str = profile_field(DEFAULT_PROFILE)
-    steps: int = chz.field(default=0, doc="0: the profile's steps")
+    steps: int = chz.field(
+        validator=profiles.at_least(0, "0: the profile's steps"),
+        default=0,
+        doc="0: the profile's steps",
+    )
     ckpt_interval: int = chz.field(
-        default=0, doc="> 0: a resumable save every this many steps (a resume point)"
+        validator=profiles.at_least(0, "0: none"),
+        default=0,
+        doc="> 0: a resumable save every this many steps (a resume point)",
     )
     legacy_labels: bool = chz.field(
         default=False, doc="compatibility only: model-side loss from labels (no weights)"
@@ -219,6 +225,4 @@ def report(result: dict) -> str:
 
 
 if __name__ == "__main__":
-    result = main(profiles.entrypoint(Config, sft.SFTProfile))
-    print(report(result))
-    sys.exit(0)
+    sys.exit(profiles.command_line(Config, sft.SFTProfile, main, report))

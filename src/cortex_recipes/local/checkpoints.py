@@ -8,14 +8,21 @@ directory that standard tools load as it is:
 - LoRA: a PEFT adapter directory (``adapter_config.json``, ``adapter_model.safetensors``,
   tokenizer files), loadable with ``PeftModel.from_pretrained(base, dir)``;
 - always ``meta.json`` (id, type, global steps, model name, LoRA config) and, for resumable
-  checkpoints, ``optimizer.dssst1`` and ``rng.dssst1``.
+  checkpoints, ``optimizer.dssst1`` and ``rng.dssst1``;
+- ``manifest.json``, written last and atomically: every other file's name, size and sha256.
 Only safetensors and JSON are written or read: nothing is ever pickled. A checkpoint is staged
 in a temporary directory and renamed into place, so a listed checkpoint is always complete.
+Every load verifies the manifest first (:func:`verify`): a missing, truncated or altered file,
+or a resumable checkpoint without its optimizer or RNG state, is refused with an error naming
+the checkpoint, the file and what differs. A checkpoint written before manifests is checked for
+the files its type needs and loaded with a warning that its contents are unverified.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -26,9 +33,12 @@ import torch
 from cortex_training import wire
 from safetensors.torch import load_file, save_file
 
-from cortex_recipes.local.errors import Conflict, NotFound
+from cortex_recipes.local.errors import BackendError, Conflict, NotFound
+
+log = logging.getLogger(__name__)
 
 META = "meta.json"
+MANIFEST = "manifest.json"
 FULL_WEIGHTS = "model.safetensors"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # Checkpoints written before the PEFT layout named the adapter file this; still readable.
@@ -191,6 +201,94 @@ def write_checkpoint(
         save_optimizer(optimizer, directory / OPTIMIZER_STATE)
         (directory / RNG_STATE).write_bytes(wire.dumps(rng_state(device or torch.device("cpu"))))
     write_meta(directory, meta)
+    write_manifest(directory)
+
+
+# -- the manifest ---------------------------------------------------------------------------------
+
+
+class CheckpointCorrupt(BackendError):
+    """A checkpoint whose files do not match its manifest (or lack what its type needs)."""
+
+    status = 409
+    code = "checkpoint_corrupt"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(directory: Path) -> None:
+    """Record every file of ``directory`` (size and sha256), last and atomically."""
+    files = {
+        path.name: {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+        for path in sorted(directory.iterdir())
+        if path.is_file() and path.name != MANIFEST and not path.name.startswith(".")
+    }
+    tmp = directory / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps({"version": 1, "files": files}, indent=2, sort_keys=True))
+    os.replace(tmp, directory / MANIFEST)
+
+
+def _required_files(meta: dict[str, Any]) -> list[str]:
+    weights = ADAPTER_WEIGHTS if meta.get("lora") else FULL_WEIGHTS
+    resumable = meta.get("checkpoint_type") == "resumable"
+    return [META, weights] + ([OPTIMIZER_STATE, RNG_STATE] if resumable else [])
+
+
+def verify(directory: Path) -> dict[str, Any]:
+    """The checkpoint's meta, once every file matches its manifest; else CheckpointCorrupt
+    naming the checkpoint, the file and what differs."""
+    directory = Path(directory)
+    where = f"checkpoint {directory.parent.name}/{directory.name}"
+    try:
+        meta = read_meta(directory)
+    except FileNotFoundError:
+        raise CheckpointCorrupt(f"{where}: {META} is missing") from None
+    except ValueError as exc:
+        raise CheckpointCorrupt(f"{where}: {META} is not valid JSON ({exc})") from None
+    where = f"checkpoint {meta.get('checkpoint_id', directory.parent.name)} ({directory})"
+    manifest_path = directory / MANIFEST
+    if not manifest_path.is_file():
+        required = _required_files(meta)
+        if meta.get("lora") and not (directory / ADAPTER_WEIGHTS).is_file():
+            required = [LEGACY_ADAPTER_WEIGHTS if n == ADAPTER_WEIGHTS else n for n in required]
+        missing = [name for name in required if not (directory / name).is_file()]
+        if missing:
+            raise CheckpointCorrupt(
+                f"{where}: {', '.join(missing)} missing (a {meta.get('checkpoint_type')} "
+                "checkpoint needs them)"
+            )
+        log.warning(
+            "%s has no %s (written before manifests): its files are unverified", where, MANIFEST
+        )
+        return meta
+    try:
+        files = json.loads(manifest_path.read_text())["files"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointCorrupt(f"{where}: {MANIFEST} is unreadable ({exc})") from None
+    for name in _required_files(meta):
+        if name not in files:
+            raise CheckpointCorrupt(f"{where}: its manifest does not list {name}")
+    for name, expected in sorted(files.items()):
+        path = directory / name
+        if not path.is_file():
+            raise CheckpointCorrupt(f"{where}: {name} is missing")
+        size = path.stat().st_size
+        if size != expected.get("bytes"):
+            raise CheckpointCorrupt(
+                f"{where}: {name} is {size} bytes, the manifest says {expected.get('bytes')}"
+                + (" (truncated)" if size < expected.get("bytes", 0) else "")
+            )
+        if _sha256(path) != expected.get("sha256"):
+            raise CheckpointCorrupt(
+                f"{where}: {name} has been altered (its sha256 differs from the manifest's)"
+            )
+    return meta
 
 
 def write_meta(directory: Path, meta: dict[str, Any]) -> None:

@@ -182,7 +182,7 @@ class Worker:
         return ids
 
     def _apply_checkpoint_for_inference(self, model, directory: Path):
-        meta = checkpoints.read_meta(directory)
+        meta = checkpoints.verify(directory)
         if meta.get("lora"):
             from peft import LoraConfig, get_peft_model
 
@@ -347,7 +347,7 @@ class Worker:
         return {"job_id": self.job_id, "global_steps": self.global_steps}
 
     def _load_checkpoint(self, directory: Path, load_optimizer: bool) -> None:
-        meta = checkpoints.read_meta(directory)
+        meta = checkpoints.verify(directory)  # every file, before anything is loaded
         if bool(meta.get("lora")) != bool(self.spec.lora):
             raise BackendError(
                 f"checkpoint {meta.get('checkpoint_id')} was saved with lora={meta.get('lora')}, "
@@ -359,12 +359,11 @@ class Worker:
             checkpoints.load_full_weights(self.model, directory / checkpoints.FULL_WEIGHTS)
         self.global_steps = int(meta.get("global_steps", 0))
         self.optimizer.zero_grad(set_to_none=True)
-        opt_path = directory / checkpoints.OPTIMIZER_STATE
-        if load_optimizer and meta.get("checkpoint_type") == "resumable" and opt_path.exists():
-            checkpoints.load_optimizer(self.optimizer, opt_path)
-            rng_path = directory / checkpoints.RNG_STATE
-            if rng_path.exists():
-                checkpoints.restore_rng(wire.loads(rng_path.read_bytes()), self.device)
+        if load_optimizer and meta.get("checkpoint_type") == "resumable":
+            # verify() refused a resumable checkpoint without these two files
+            checkpoints.load_optimizer(self.optimizer, directory / checkpoints.OPTIMIZER_STATE)
+            rng = wire.loads((directory / checkpoints.RNG_STATE).read_bytes())
+            checkpoints.restore_rng(rng, self.device)
 
     def load(self, header: dict[str, Any], _: Any = None) -> dict[str, Any]:
         self._load_checkpoint(Path(header["directory"]), self.spec.load_optimizer_states)
