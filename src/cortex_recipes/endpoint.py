@@ -32,6 +32,46 @@ class ConnectionConfigError(ValueError):
     """A connection file that cannot be used; the message names the file and the field."""
 
 
+class BackendDied(ConnectionError):
+    """The local backend's process is gone: no call to it can succeed any more."""
+
+
+def resume_command() -> str:
+    """The command this process was started with: rerunning it resumes the run (its default
+    ``if_exists=resume``)."""
+    import shlex
+    import sys
+
+    argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def guard_backend(client: Any, backend: Any) -> None:
+    """Make every request of ``client`` fail at once with :class:`BackendDied` once ``backend``'s
+    process has exited, instead of the SDK retrying a closed port for about a minute per call:
+    the session's ``request`` checks the process before each attempt (the SDK does not retry
+    this error). The message says it died, how, where its log is and the command that resumes
+    the run."""
+    session = getattr(client, "_session", None)
+    if session is None:
+        return
+    send = session.request
+
+    def request(*args, **kwargs):
+        process = backend.process
+        code = process.poll() if process is not None else None
+        if code is not None:
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            raise BackendDied(
+                f"the local backend (pid {process.pid}) {how}; its log: {backend.log_path}. "
+                f"The run's checkpoints are kept; resume it with the same command: "
+                f"{resume_command()}"
+            )
+        return send(*args, **kwargs)
+
+    session.request = request
+
+
 def read_connection_file(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(Path(path).read_text())
@@ -79,6 +119,7 @@ def connect(
         with LocalBackend(state_dir, device=device, hosted=hosted) as backend:
             log.info("local backend at %s (state in %s)", backend.base_url, backend.state_dir)
             client = backend.client(**options)
+            guard_backend(client, backend)
             try:
                 yield client
             finally:

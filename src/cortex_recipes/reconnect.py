@@ -1,7 +1,7 @@
 """Which failures a long run survives by reconnecting and resuming from its last checkpoint.
 
 Recoverable: the backend went away or is restarting (connection refused or reset, timeouts,
-409, 429, 5xx once the SDK's own retries are spent). Not recoverable: a 404 -- the endpoint
+409, 429, 5xx once the SDK's own retries are spent, a local backend whose process died). Not recoverable: a 404 -- the endpoint
 no longer knows the job or the request, and on a hosted endpoint the first job may still run,
 so starting a second one would train twice -- and everything else: a 400 naming a bad field,
 a failed request, a check of ours. Those stop the run.
@@ -10,6 +10,8 @@ a failed request, a check of ours. Those stop the run.
 from __future__ import annotations
 
 import requests
+
+from cortex_recipes.endpoint import BackendDied
 
 RECOVERABLE_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 
@@ -21,7 +23,10 @@ def is_recoverable(exc: BaseException) -> bool:
         seen.add(id(current))
         if isinstance(
             current,
-            requests.exceptions.ConnectionError | requests.exceptions.Timeout | TimeoutError,
+            requests.exceptions.ConnectionError
+            | requests.exceptions.Timeout
+            | TimeoutError
+            | BackendDied,
         ):
             return True
         if isinstance(current, requests.exceptions.HTTPError):

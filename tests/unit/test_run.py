@@ -187,3 +187,11 @@ def test_recoverable_errors_are_lost_backends_not_bad_requests_or_unknown_jobs()
             raise RuntimeError("a rollout worker failed") from inner
     except RuntimeError as outer:
         assert is_recoverable(outer)
+
+
+def test_a_dead_local_backend_is_recoverable_for_the_journeys_that_reconnect():
+    """The async journey restarts a local backend that died (endpoint.guard_backend raises
+    BackendDied at the next request); the others stop with its one-line message."""
+    from cortex_recipes.endpoint import BackendDied
+
+    assert is_recoverable(BackendDied("the local backend (pid 1) was killed by signal 9"))
