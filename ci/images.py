@@ -215,7 +215,7 @@ FIRST_STEP = {
     "opd": ["steps=1"],
     "grpo": ["max_steps=1"],
     "math_grpo": ["max_steps=1"],
-    "tito": ["warm_start_steps=1", "rl_steps=1"],
+    "tito": ["warm_start_steps=1", "rl_steps=1", "final_eval=false"],  # one eval, not two
 }
 # The grpo image holds no prime-rl environment (CI cannot reach GitHub): its `train` must stop
 # at once and say what to do, naming these.

@@ -25,7 +25,7 @@ LOCAL = "local"
 LOCAL_HOSTED = "local-hosted"
 _PAT_KEYS = {"host", "pat", "database", "schema"}
 _URL_KEYS = {"base_url", "database", "schema"}
-_OPTIONAL_KEYS = {"endpoint", "verify_ssl"}
+_OPTIONAL_KEYS = {"endpoint", "verify_ssl", "max_retries"}
 
 
 class ConnectionConfigError(ValueError):
@@ -34,6 +34,11 @@ class ConnectionConfigError(ValueError):
 
 class BackendDied(ConnectionError):
     """The local backend's process is gone: no call to it can succeed any more."""
+
+
+class EndpointUnreachable(ConnectionError):
+    """A connection file's endpoint did not answer once the SDK's retries were spent; the
+    message names the file, never its host or token."""
 
 
 def resume_command() -> str:
@@ -91,7 +96,51 @@ def read_connection_file(path: Path) -> dict[str, Any]:
     unknown = sorted(set(data) - required - _OPTIONAL_KEYS)
     if unknown:
         raise ConnectionConfigError(f"connection file {path} has unknown keys {unknown}")
+    for key in sorted(required & {"host", "base_url", "database", "schema", "pat"}):
+        if not isinstance(data[key], str) or not data[key].strip():
+            raise ConnectionConfigError(
+                f"connection file {path}: {key} must be a non-empty string (value not shown)"
+            )
+    _check_address(path, data)
+    retries = data.get("max_retries")
+    if retries is not None and (
+        isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 100
+    ):
+        raise ConnectionConfigError(
+            f"connection file {path}: max_retries={retries!r}; accepted: an integer 0-100 "
+            "(the SDK's retries of a failed request; default 10)"
+        )
     return data
+
+
+def _check_address(path: Path, data: dict[str, Any]) -> None:
+    """``base_url`` an http(s) URL with a host and a valid port, ``host`` a bare host name; the
+    error names the field, never the value (an account host is not printed)."""
+    from urllib.parse import urlsplit
+
+    if "base_url" in data:
+        try:
+            parts = urlsplit(data["base_url"])
+            port_ok = parts.port is None or 0 < parts.port < 65536
+        except ValueError:
+            parts, port_ok = None, False
+        if (
+            parts is None
+            or parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or not port_ok
+        ):
+            raise ConnectionConfigError(
+                f"connection file {path}: base_url is not an http(s) URL with a host and a valid "
+                "port (value not shown)"
+            )
+    if "host" in data:
+        host = data["host"].strip()
+        if "://" in host or "/" in host or " " in host:
+            raise ConnectionConfigError(
+                f"connection file {path}: host must be a bare host name, without a scheme or "
+                "path (value not shown)"
+            )
 
 
 @contextmanager
@@ -126,7 +175,7 @@ def connect(
                 client.close()
         return
     data = read_connection_file(Path(connection))
-    extra = {k: data[k] for k in ("endpoint",) if k in data}
+    extra = {k: data[k] for k in ("endpoint", "max_retries") if k in data}
     if "pat" in data:
         client = CortexTrainingClient.from_pat(
             host=data["host"],

@@ -363,7 +363,7 @@ def at_least(low: int, meaning: str = ""):
 def user_errors() -> tuple[type[BaseException], ...]:
     """What a person's command, profile, overrides, connection file or environment can get
     wrong, and a local backend that died: reported as one message, never as a traceback."""
-    from cortex_recipes.endpoint import BackendDied, ConnectionConfigError
+    from cortex_recipes.endpoint import BackendDied, ConnectionConfigError, EndpointUnreachable
     from cortex_recipes.models import ModelNotAvailableError
     from cortex_recipes.primerl.launch import PrimeRLNotFound
     from cortex_recipes.run import CheckpointError
@@ -371,7 +371,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
     return (
         ProfileError, ConnectionConfigError, CheckpointError, PrimeRLNotFound,
-        ModelNotAvailableError, WeightsError, BackendDied,
+        ModelNotAvailableError, WeightsError, BackendDied, EndpointUnreachable,
     )  # fmt: skip
 
 

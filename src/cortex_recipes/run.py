@@ -357,7 +357,8 @@ class Run:
             sdk_output_to(self.path / DEBUG_LOG),
             connect(connection, state_dir=state_dir, client_options=client_options) as client,
         ):
-            explained = ExplainedClient(client)
+            local = connection in (LOCAL, LOCAL_HOSTED)
+            explained = ExplainedClient(client, connection=None if local else connection)
             try:
                 with logging_above_bars():
                     yield explained
@@ -489,8 +490,10 @@ class ExplainedClient:
     :meth:`cancel_open_jobs` can cancel whatever a failing run left running.
     """
 
-    def __init__(self, client: Any):
+    def __init__(self, client: Any, connection: str | None = None):
         self._client = client
+        # a connection file's path (None: the local backend), named when it cannot be reached
+        self._connection = connection
         self._open_jobs: list[str] = []
         self._sub_jobs: dict[str, dict[str, str]] = {}
 
@@ -506,6 +509,16 @@ class ExplainedClient:
         def call(*args, **kwargs):
             try:
                 return attr(*args, **kwargs)
+            except requests.exceptions.ConnectionError as exc:
+                if self._connection is None:
+                    raise
+                from cortex_recipes.endpoint import EndpointUnreachable
+
+                raise EndpointUnreachable(
+                    f"{name}: the endpoint of connection file {self._connection} did not answer "
+                    f"after the SDK's retries ({type(exc).__name__}); check its host or base_url, "
+                    "the network and the service, then rerun the same command to resume"
+                ) from exc
             except requests.exceptions.HTTPError as exc:
                 code, message = server_message(exc.response)
                 status = exc.response.status_code if exc.response is not None else None

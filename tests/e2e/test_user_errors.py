@@ -67,3 +67,44 @@ def test_a_bad_connection_file_names_the_file_and_its_missing_keys(tmp_path):
     proc = journey(SFT, TINY, f"connection={connection}", f"log_path={tmp_path / 'run'}")
     details = assert_one_line_error(proc, str(connection), "database", "schema")
     assert details == tmp_path / "run" / "debug.log"  # the run folder's own debug log
+
+
+def closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_an_endpoint_that_does_not_answer_names_the_connection_file_not_the_host(tmp_path):
+    """A connection file's endpoint keeps the SDK's retries (here max_retries=0 from the file);
+    once they give up the run stops with one line naming the file (issue 35: a raw
+    ConnectionError after 76 s, without the file)."""
+    connection = tmp_path / "connection.json"
+    port = closed_port()
+    connection.write_text(
+        f'{{"base_url": "http://127.0.0.1:{port}", "database": "D", "schema": "S", "max_retries": 0}}'
+    )
+    proc = journey(SFT, TINY, f"connection={connection}", f"log_path={tmp_path / 'run'}")
+    assert_one_line_error(proc, f"connection file {connection} did not answer", "rerun")
+    assert str(port) not in [x for x in proc.stderr.splitlines() if x.startswith("error: ")][0]
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ('{"base_url": "http://127.0.0.1:99999", "database": "D", "schema": "S"}', "base_url"),
+        ('{"base_url": "ftp://x", "database": "D", "schema": "S"}', "base_url"),
+        ('{"host": "https://acct.example/x", "pat": "p", "database": "D", "schema": "S"}', "host"),
+        ('{"base_url": "http://127.0.0.1:1", "database": "", "schema": "S"}', "database"),
+        ('{"base_url": "http://127.0.0.1:1", "database": "D", "schema": "S", "max_retries": -1}',
+         "max_retries=-1"),
+    ],
+)  # fmt: skip
+def test_a_bad_address_in_a_connection_file_names_the_field_not_the_value(tmp_path, body, fragment):
+    connection = tmp_path / "connection.json"
+    connection.write_text(body)
+    proc = journey(SFT, TINY, f"connection={connection}", f"log_path={tmp_path / 'run'}")
+    assert_one_line_error(proc, str(connection), fragment)
+    assert "acct.example" not in proc.stderr and "99999" not in proc.stderr

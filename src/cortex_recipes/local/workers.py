@@ -128,6 +128,21 @@ class Spare:
     log_path: Path
 
 
+def stop_process(
+    process: subprocess.Popen, sock: socket.socket, timeout: float = STOP_TIMEOUT_S
+) -> None:
+    """Close a worker's socket (it exits when its server goes) and wait for it; kill it when it
+    does not exit within ``timeout``."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 class SparePool:
     """At most one pre-started worker process, waiting for a sub-job.
 
@@ -200,14 +215,7 @@ class SparePool:
 
     @staticmethod
     def stop(spare: Spare) -> None:
-        with contextlib.suppress(OSError):
-            spare.sock.shutdown(socket.SHUT_RDWR)
-        spare.sock.close()
-        try:
-            spare.process.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            spare.process.kill()
-            spare.process.wait()
+        stop_process(spare.process, spare.sock)
 
 
 @dataclass
@@ -490,13 +498,6 @@ class WorkerHandle:
             return
         self._stopping = True
         self._queue.put(None)
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
-        self._sock.close()
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process, self._sock, timeout)
         self._fail_inflight(WorkerStopped(f"sub-job {self.sub_job_id} was stopped"))
         self._fail_pending(WorkerStopped(f"sub-job {self.sub_job_id} was stopped"))
