@@ -352,12 +352,12 @@ class Run:
         from cortex_recipes.endpoint import LOCAL, LOCAL_HOSTED, connect
         from cortex_recipes.progress import logging_above_bars
 
-        state_dir = self.backend_dir if connection in (LOCAL, LOCAL_HOSTED) else None
+        local = connection in (LOCAL, LOCAL_HOSTED)
+        state_dir = self.backend_dir if local else None
         with (
             sdk_output_to(self.path / DEBUG_LOG),
             connect(connection, state_dir=state_dir, client_options=client_options) as client,
         ):
-            local = connection in (LOCAL, LOCAL_HOSTED)
             explained = ExplainedClient(client, connection=None if local else connection)
             try:
                 with logging_above_bars():
