@@ -91,7 +91,13 @@ class WandbSink(_Sink):
         self.run.log(values, step=step)
 
     def close(self) -> None:
+        import wandb
+
         self.run.finish()
+        # finish() can return before wandb's service process has written the run's
+        # transaction log; teardown waits for it, so a closed run is on disk (an
+        # offline run is complete for `wandb sync`, and readers see every record).
+        wandb.teardown()
 
 
 class Trackers:
