@@ -45,6 +45,7 @@ def test_the_journey_trains_on_prime_rl_and_keeps_both_sides_metrics(tmp_path):
     assert [r["step"] for r in records] == [1, 2]
     assert all(r["samples"] == 8 for r in records)  # batch_size 8, nothing filtered
     assert any(k.startswith("primerl/") for k in records[-1]), records[-1]
+    assert out["primerl_record_sources"] == {}  # every step's record is prime-rl's own line
     assert out["inference_counters"]["generate_requests"] >= 16
     orch = (tmp_path / "run" / "primerl" / "orch.toml").read_text()
     assert 'id = "cortex-arith"' in orch

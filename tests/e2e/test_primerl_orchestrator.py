@@ -3,7 +3,10 @@
 Runs only where a prime-rl environment exists (prime-rl 559b447 + verifiers a60a606, Python
 3.12; see docs/async-grpo.md): set ``CORTEX_RECIPES_PRIMERL_PYTHON`` to that environment's
 python. Its ``orchestrator`` and ``env-server`` scripts sit beside it. The taskset is the
-offline ``cortex-echo`` in tests/e2e/primerl_env/.
+offline ``cortex-echo`` in tests/e2e/primerl_env/; the harness is the journey's own in-process
+chat harness (``cortex-arith``), which runs no program per rollout. verifiers' ``null`` harness
+would build a uv script environment at run time from whatever openai and httpx PyPI serves that
+day, so the test would depend on the day it runs.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ pytest.importorskip("msgspec", reason=extras.reason("grpo"))
 
 from cortex_recipes.models import resolve_model_path
 from cortex_recipes.primerl import broadcasts
+from cortex_recipes.primerl import step_records
 from cortex_recipes.primerl.inference import InferenceAdapter
+from cortex_recipes.primerl.journey import HARNESS as harness
+from cortex_recipes.primerl.journey import tasksets_dir
 from cortex_recipes.primerl.launch import ENV_VAR, script_command
 from cortex_recipes.primerl.trainer import TrainerAdapter, TrainerAdapterConfig
 from cortex_recipes.tito.gateway import Gateway
@@ -85,7 +91,7 @@ group_size = 2
 id = "cortex-echo"
 
 [train.source.env.agent.harness]
-id = "null"
+id = "{harness}"
 
 [train.source.env.agent.runtime]
 type = "subprocess"
@@ -103,7 +109,7 @@ output_dir = "{output_dir}"
 id = "cortex-echo"
 
 [env.agent.harness]
-id = "null"
+id = "{harness}"
 
 [env.agent.runtime]
 type = "subprocess"
@@ -148,7 +154,7 @@ def test_prime_rl_orchestrator_trains_through_the_adapters(client, tmp_path):
             failures.append(repr(exc))
 
     env = {**os.environ, "CORTEX_PRIMERL_ADAPTER_KEY": "local", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": str(ENV_DIR)}  # fmt: skip
+           "PYTHONPATH": os.pathsep.join([str(ENV_DIR), str(tasksets_dir())])}  # fmt: skip
     with Gateway(adapter.app) as gateway:
         (tmp_path / "orch.toml").write_text(
             orchestrator_toml(resolve_model_path(TINY), gateway.base_url, out, port)
@@ -185,11 +191,22 @@ def test_prime_rl_orchestrator_trains_through_the_adapters(client, tmp_path):
     # The shaped echo reward differs within groups, so the steps really trained.
     assert any(r["grad_norm"] and r["grad_norm"] > 0 for r in records), records
     assert all(r["samples"] == 4 and r["trainable_tokens"] > 0 for r in records), records
+    # Every step's record re-derived from its shipped episodes equals prime-rl's own line.
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    theirs = {r["step"]: r for r in map(json.loads, lines)}
+    for step in range(1, STEPS + 1):
+        derived = step_records.rederive(out, step)
+        for key, value in derived.items():
+            if key != step_records.SOURCE_KEY:
+                assert theirs[step][key] == pytest.approx(value), (step, key)
     record_dir = os.environ.get("CORTEX_RECIPES_PRIMERL_RECORD")
     if record_dir:  # how primerl/recorded was produced (its README)
+        record_out = Path(record_dir).parent
         for step in range(1, STEPS + 1):
-            target = Path(record_dir) / f"step_{step}"
-            target.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(out / "rollouts" / f"step_{step}" / "rank_0.bin", target / "rank_0.bin")
+            for name in ("rank_0.bin", "train/effective/traces.jsonl"):
+                target = Path(record_dir) / f"step_{step}" / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(out / "rollouts" / f"step_{step}" / name, target)
+        shutil.copyfile(out / "metrics.jsonl", record_out / "metrics.jsonl")
     assert adapter.counters["generate_requests"] >= STEPS * 4
     assert adapter.counters["weight_updates"] >= 1

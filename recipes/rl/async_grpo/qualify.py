@@ -11,7 +11,8 @@ names. The run is interrupted twice:
 2. once step ``kill_run_after`` is logged, the training process gets SIGKILL (its trainer
    adapter with it; prime-rl's processes die with it), and the rerun must resume both sides.
 The checks (``rl.checks.primerl_checks``): reward and eval accuracy rose; the lag prime-rl
-observed was logged every step, stayed within ``max_off_policy_steps`` and was at least 1
+observed was logged every step (prime-rl's own line, or where an interruption lost that line,
+re-derived from the episodes prime-rl shipped and marked so), stayed within ``max_off_policy_steps`` and was at least 1
 somewhere; rollouts were generated while the trainer trained; every version sampled from was
 applied to the sampler; every step once; both interruptions resumed. The record goes to
 ``evidence/<profile>.json`` and ``last_validated`` is set (``evidence=false``: print the checks
@@ -151,13 +152,16 @@ def main(config: Config) -> dict:
         "steps_logged": [m["step"] for m in metrics],
         "rewards": summary["rewards"],
         "off_policy_max_per_step": summary["off_policy_max_per_step"],
+        # steps whose prime-rl line was lost: re-derived from its shipped episodes, or "lost"
+        "primerl_record_sources": summary.get("primerl_record_sources", {}),
         "time_per_step_s": [m["time/step"] for m in metrics],
     }
     missing = [s for s, r in zip(run["steps_logged"], run["rewards"], strict=True) if r is None]
     if missing:
         raise RuntimeError(
             f"{run_dir}/metrics.jsonl: steps {missing} have no prime-rl reward "
-            "(primerl/train/agg/effective/<agent>/reward/mean)"
+            "(primerl/train/agg/effective/<agent>/reward/mean); their record sources: "
+            f"{run['primerl_record_sources']}"
         )
     checks = {
         **primerl_checks(run, profile.max_steps, profile.orchestrator.max_off_policy_steps),

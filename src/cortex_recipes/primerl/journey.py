@@ -42,7 +42,7 @@ from typing import Any
 
 from cortex_recipes import frames
 from cortex_recipes.models import load_tokenizer, resolve_model_path
-from cortex_recipes.primerl import broadcasts, resume
+from cortex_recipes.primerl import broadcasts, resume, step_records
 from cortex_recipes.primerl.inference import InferenceAdapter
 from cortex_recipes.primerl.launch import child_command, primerl_python
 from cortex_recipes.primerl.trainer import METRICS, TrainerAdapter, TrainerAdapterConfig
@@ -322,12 +322,15 @@ class RunRecorder:
         self.state = state  # what every resume point carries besides the step and trainer
         self.wait_s = wait_s
         self.evaluate_last = evaluate_last
+        # Set once prime-rl's orchestrator runs: a dead one writes nothing more, so waiting
+        # for its files stops at once (one last look, its files are written before it exits).
+        self.alive: Callable[[], bool] | None = None
 
     def _wait(self, predicate) -> bool:
         deadline = time.monotonic() + self.wait_s
         while not predicate():
-            if time.monotonic() > deadline:
-                return False
+            if time.monotonic() > deadline or (self.alive is not None and not self.alive()):
+                return predicate()
             time.sleep(0.1)
         return True
 
@@ -348,7 +351,12 @@ class RunRecorder:
     def __call__(self, record: dict[str, Any]) -> None:
         step = record["step"]
         self._wait(lambda: primerl_record(self.output_dir, step) is not None)
-        merged = merge_record(record, primerl_record(self.output_dir, step))
+        theirs = primerl_record(self.output_dir, step)
+        if theirs is None:  # killed between its checkpoint and its metrics line
+            theirs = step_records.recover(self.output_dir, step)
+            log.warning("step %d: prime-rl wrote no record; %s", step,
+                        theirs.get("record_lost_because") or theirs[step_records.SOURCE_KEY])  # fmt: skip
+        merged = merge_record(record, theirs)
         merged.update(shared_keys(merged))
         if step == self.max_steps and self.evaluate_last is not None:
             merged["eval/accuracy"] = self.evaluate_last()
@@ -360,6 +368,7 @@ class RunRecorder:
 
 
 RUNNER = "prime-rl"
+SOURCE = f"primerl/{step_records.SOURCE_KEY}"
 
 
 def run_primerl(client, profile, run, *, max_steps: int, job_id: str,
@@ -404,6 +413,10 @@ def run_primerl(client, profile, run, *, max_steps: int, job_id: str,
         "losses": [r.get("loss") for r in records],
         "rewards": [step_reward(r) for r in records],
         "off_policy_max_per_step": [r.get("primerl/off_policy/max") for r in records],
+        # Steps whose prime-rl record was re-derived from its episodes, or lost (step_records).
+        "primerl_record_sources": {
+            str(r["step"]): r[SOURCE] for r in records if r.get(SOURCE) is not None
+        },
         "applied_versions": [
             v
             for v in broadcasts.published_versions(output_dir)
@@ -501,6 +514,7 @@ def _train(client, profile, run, *, prime: Path, work: Path, output_dir: Path, m
                     child_command(prime, "orchestrator", "@", str(work / "orch.toml")),
                     env=env, stdout=orch_log, stderr=subprocess.STDOUT,
                 )  # fmt: skip
+                recorder.alive = lambda: orchestrator.poll() is None
                 resume.record_processes(
                     work, {"env-server": env_server.pid, "orchestrator": orchestrator.pid},
                     marker=str(work),

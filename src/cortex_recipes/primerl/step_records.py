@@ -1,0 +1,125 @@
+"""A step's prime-rl record, re-derived when prime-rl's own ``metrics.jsonl`` line is lost.
+
+prime-rl's orchestrator (559b447, ``finalize_train_batch``) ships a batch in this order: it
+appends the shipped (``effective``) episodes to
+``rollouts/step_<N>/train/effective/traces.jsonl``, writes the rollout files, saves its
+checkpoint, and only then appends the step's line to ``metrics.jsonl``. An orchestrator killed
+between its checkpoint and that line resumes at ``N + 1`` and never writes step ``N``'s record.
+
+The episodes file still holds what the journey reads from that record, computed here exactly
+as prime-rl computes it:
+
+- ``train/agg/effective/<agent>/reward/mean``: the mean over the shipped traces of each trace's
+  reward (verifiers' ``Trace.reward``: the sum of ``score * weight`` over its rewards), per agent;
+- ``off_policy/mean`` and ``off_policy/max``: per shipped episode, the version batch ``N``
+  trains on (``N - 1``) minus the version that started generating it
+  (``run.work.policy.start``), floored at 0 (prime-rl's ``episode_staleness``); an episode
+  with no policy span counts 0.
+
+The re-derived record carries ``record_source`` (``REDERIVED``) so it is never mistaken for
+prime-rl's own line; a step with neither is marked ``LOST`` with the reason. Checked against
+prime-rl's own lines on a recorded run (``recipes/rl/async_grpo/primerl/recorded/``) and, where
+prime-rl is installed, on every step of a live run (tests/e2e/test_primerl_orchestrator.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+REDERIVED = "rederived from rollouts/step_{step}/train/effective/traces.jsonl"
+LOST = "lost"
+SOURCE_KEY = "record_source"
+
+
+def traces_path(output_dir: Path, step: int) -> Path:
+    return Path(output_dir) / "rollouts" / f"step_{step}" / "train" / "effective" / "traces.jsonl"
+
+
+class StepRecordError(ValueError):
+    """An episodes file that cannot give a record; the message names the file, line and field."""
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise StepRecordError(f"{where}={value!r}; a finite number")
+    return float(value)
+
+
+def _episode(line: str, where: str) -> tuple[int | None, list[tuple[str, float]]]:
+    """``(policy.start or None, [(agent, reward), ...])`` of one episode line."""
+    try:
+        episode = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise StepRecordError(f"{where}: not JSON ({exc.msg})") from None
+    if not isinstance(episode, dict):
+        raise StepRecordError(f"{where}: an episode is a JSON object, got {type(episode).__name__}")
+    policy = ((episode.get("run") or {}).get("work") or {}).get("policy")
+    start = None
+    if policy is not None:
+        start = policy.get("start") if isinstance(policy, dict) else None
+        if isinstance(start, bool) or not isinstance(start, int):
+            raise StepRecordError(f"{where}: run.work.policy.start={start!r}; an integer version")
+    traces = episode.get("traces")
+    if not isinstance(traces, list):
+        raise StepRecordError(f"{where}: traces={traces!r}; a list")
+    rewards = []
+    for i, trace in enumerate(traces):
+        agent = ((trace or {}).get("agent") or {}).get("name")
+        if not isinstance(agent, str) or not agent:
+            raise StepRecordError(f"{where}: traces[{i}].agent.name={agent!r}; a name")
+        total = 0.0
+        for name, reward in ((trace.get("rewards") or {})).items():
+            if reward is None:
+                continue
+            at = f"{where}: traces[{i}].rewards.{name}"
+            total += _number(reward.get("score"), f"{at}.score") * _number(
+                reward.get("weight", 1.0), f"{at}.weight"
+            )
+        rewards.append((agent, total))
+    return start, rewards
+
+
+def rederive(output_dir: Path, step: int) -> dict[str, Any]:
+    """prime-rl's record of ``step`` as far as its shipped episodes give it (module docstring).
+
+    Raises :class:`StepRecordError` (naming the file and, for a bad line, the line and field)
+    when the file is missing, empty or malformed."""
+    path = traces_path(output_dir, step)
+    if not path.is_file():
+        raise StepRecordError(f"{path}: missing")
+    lags: list[int] = []
+    by_agent: dict[str, list[float]] = {}
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        start, rewards = _episode(line, f"{path}:{number}")
+        lags.append(0 if start is None else max(0, (step - 1) - start))
+        for agent, reward in rewards:
+            by_agent.setdefault(agent, []).append(reward)
+    if not lags:
+        raise StepRecordError(f"{path}: no episodes")
+    record: dict[str, Any] = {
+        "step": step,
+        SOURCE_KEY: REDERIVED.format(step=step),
+        "off_policy/mean": sum(lags) / len(lags),
+        "off_policy/max": float(max(lags)),
+    }
+    for agent, values in sorted(by_agent.items()):
+        record[f"train/agg/effective/{agent}/reward/mean"] = sum(values) / len(values)
+    return record
+
+
+def lost(step: int, reason: str) -> dict[str, Any]:
+    """The marker a step gets when neither prime-rl's line nor its episodes give a record."""
+    return {"step": step, SOURCE_KEY: LOST, "record_lost_because": reason}
+
+
+def recover(output_dir: Path, step: int) -> dict[str, Any]:
+    """:func:`rederive`, or :func:`lost` naming why it could not."""
+    try:
+        return rederive(output_dir, step)
+    except StepRecordError as exc:
+        return lost(step, f"prime-rl's metrics.jsonl has no step {step} record and {exc}")
