@@ -25,8 +25,7 @@ from tests import extras
 pytest.importorskip("msgspec", reason=extras.reason("grpo"))
 
 from cortex_recipes.models import resolve_model_path
-from cortex_recipes.primerl import broadcasts
-from cortex_recipes.primerl import step_records
+from cortex_recipes.primerl import broadcasts, step_records
 from cortex_recipes.primerl.inference import InferenceAdapter
 from cortex_recipes.primerl.journey import HARNESS as harness
 from cortex_recipes.primerl.journey import tasksets_dir

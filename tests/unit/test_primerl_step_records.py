@@ -88,7 +88,10 @@ def test_a_step_with_its_line_is_prime_rls_own_and_unmarked(tmp_path):
     recorder(out, run)({"step": 2, "loss": 0.1})
     (record,) = run.records
     assert journey.SOURCE not in record
-    assert record["primerl/off_policy/in_flight/max"] == prime_rl_lines()[2]["off_policy/in_flight/max"]
+    assert (
+        record["primerl/off_policy/in_flight/max"]
+        == prime_rl_lines()[2]["off_policy/in_flight/max"]
+    )
 
 
 def test_a_step_with_neither_is_marked_lost_naming_the_missing_file(tmp_path):

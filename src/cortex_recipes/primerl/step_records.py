@@ -71,7 +71,7 @@ def _episode(line: str, where: str) -> tuple[int | None, list[tuple[str, float]]
         if not isinstance(agent, str) or not agent:
             raise StepRecordError(f"{where}: traces[{i}].agent.name={agent!r}; a name")
         total = 0.0
-        for name, reward in ((trace.get("rewards") or {})).items():
+        for name, reward in (trace.get("rewards") or {}).items():
             if reward is None:
                 continue
             at = f"{where}: traces[{i}].rewards.{name}"
