@@ -12,8 +12,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from cortex_recipes.local import processors
-from cortex_recipes.local.validation import Processing
-from cortex_recipes.local.worker import Worker
+from cortex_recipes.local.loss_schemas import Processing
+from cortex_recipes.local.model_worker import TrainingWorker
 from cortex_recipes.models import load_causal_lm
 
 torch.set_num_threads(2)
@@ -45,7 +45,7 @@ frame = {"kwargs": {"input_ids": ids}, "context": {"loss_mask": mask}}
 res = {"whole": [], "split": []}
 for _ in range(5):
     for name in res:
-        w = Worker.__new__(Worker)
+        w = TrainingWorker.__new__(TrainingWorker)
         w.model = m
         if name == "whole":
             w._split_logits = lambda k, f: None

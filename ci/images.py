@@ -11,7 +11,7 @@
 ``qualify`` runs the image's ``qualify`` verb with a directory mounted at /out, the image ID
 passed in as ``CORTEX_RECIPES_IMAGE_DIGEST``, and then checks the record it wrote there: it
 passed, it has every record field, its config hash is the config's in this checkout, and its
-revision and image digest are not null (``cortex_recipes.validate.check_image_record``).
+revision and image digest are not null (``cortex_recipes.repo_checks.records.check_image_record``).
 
 Images are tagged ``cortex/<journey>:<version>`` and ``cortex/<journey>:pinned``. They are
 built with ``SOURCE_DATE_EPOCH`` set to the commit time and ``--timestamp`` at that time, so
@@ -168,7 +168,7 @@ def qualify_image(
     gpus: bool = False,
 ) -> dict:
     """Run ``qualify`` in ``image`` with ``out`` mounted at /out; check the record it wrote."""
-    from cortex_recipes.validate import check_image_record
+    from cortex_recipes.repo_checks.records import check_image_record
 
     out = Path(out or tempfile.mkdtemp(prefix=f"qualify-{journey}-")).resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from cortex_recipes import journeys as journeys_lib
-from cortex_recipes import schema, validate
+from cortex_recipes import schema
 from cortex_recipes.journeys import Journey, JourneyError
+from cortex_recipes.repo_checks import configs, records, references
 from cortex_recipes.sub_jobs import SubJobError, build_sub_jobs
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def render_profile(
         "example": f"{journey.folder}/README.md",
         "command": f"python -m {journey.entry_point} profile={config}",
         "config": config,
-        "config_hash": validate.profile_config_hash(root / config, loader),
+        "config_hash": configs.profile_config_hash(root / config, loader),
         "hardware": profile["hardware"],
         "purpose": profile["purpose"],
         "models": [{"name": n, "role": roles[n]} for n in names],
@@ -236,7 +237,7 @@ def _model_problems(models: list[dict[str, Any]]) -> list[str]:
         if model["source"] == "hub":
             # the pin's shape; an 'unverified' pin passes here and fails `models verify`
             problems += [f"{CATALOG}/models.json: {p}" for p in pin_problems(model)]
-        problems += [f"{where}: {p}" for p in validate.mutable_references(json.dumps(model))]
+        problems += [f"{where}: {p}" for p in references.mutable_references(json.dumps(model))]
     return problems
 
 
@@ -257,7 +258,7 @@ def _entry_problems(
         value = entry[field]
         if value is not None and not (root / value).exists():
             problems.append(f"{where}: {field}={value!r} does not exist")
-    problems += [f"{where}: {p}" for p in validate.mutable_references(entry["command"])]
+    problems += [f"{where}: {p}" for p in references.mutable_references(entry["command"])]
     for model in entry["models"]:
         if model["name"] not in models:
             problems.append(f"{where}: model {model['name']!r} is not in {CATALOG}/models.json")
@@ -301,7 +302,7 @@ def _entry_problems(
                 "(run `cortex-recipes catalog sync`)"
             )
     if entry["last_validated"] is not None:
-        record_problems = validate.check_record(
+        record_problems = records.check_record(
             root,
             "evidence",
             entry["profile"],

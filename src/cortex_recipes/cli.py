@@ -81,7 +81,8 @@ def _print_problems(problems: list[str], what: str) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from cortex_recipes.validate import stale_evidence, validate_repository
+    from cortex_recipes.repo_checks.records import stale_evidence
+    from cortex_recipes.validate import validate_repository
 
     root = _root(args)
     problems = validate_repository(root)
@@ -135,7 +136,7 @@ def qualification_command(root: Path, journey_name: str, profile_name: str, extr
 
 def stale_targets(root: Path) -> list[tuple[str, str]]:
     """(journey, profile) pairs whose evidence is stale, once each, in journeys.toml order."""
-    from cortex_recipes.validate import stale_records
+    from cortex_recipes.repo_checks.records import stale_records
 
     targets: list[tuple[str, str]] = []
     for record in stale_records(root):

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cortex_recipes.qualify import config_hash
+from cortex_recipes.provenance import config_hash
 
 __all__ = [
     "ProfileError",

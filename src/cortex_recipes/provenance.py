@@ -17,8 +17,18 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import platform
 import re
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
 
 LOCAL_TOPS = ("cortex_recipes", "recipes")
 MODULE_STRING = re.compile(r"(?:cortex_recipes|recipes)(?:\.\w+)+")
@@ -124,3 +134,106 @@ def code_digest(root: Path, folder: Path) -> str:
         digest.update(_display(root, path).encode() + b"\0")
         digest.update(hashlib.sha256(path.read_bytes()).hexdigest().encode() + b"\n")
     return digest.hexdigest()
+
+
+# What else a record names about where it ran: the profile's hash, the source revision, the
+# image, the packages and the hardware.
+
+IMAGE_DIGEST_ENV = "CORTEX_RECIPES_IMAGE_DIGEST"
+IMAGE_DIGEST_SOURCE_ENV = "CORTEX_RECIPES_IMAGE_DIGEST_SOURCE"
+REVISION_ENV = "CORTEX_RECIPES_REVISION"
+CONTAINERENV = Path("/run/.containerenv")
+PACKAGES = (
+    "cortex-training",
+    "torch",
+    "transformers",
+    "peft",
+    "tokenizers",
+    "renderers",
+    "cortex-recipes",
+)
+
+
+def config_hash(raw: Any) -> str:
+    """The hash a record pins a profile with: sha256 of its canonical JSON, 16 hex digits."""
+    return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def package_versions() -> dict[str, str]:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return versions
+
+
+def git_revision() -> str | None:
+    """HEAD, with ``+dirty`` when tracked files differ from it."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return f"{head}+dirty" if dirty else head
+
+
+def source_revision() -> tuple[str | None, str]:
+    """The source revision a record names, and where it came from (git, else the image's
+    ``$CORTEX_RECIPES_REVISION``)."""
+    revision = git_revision()
+    if revision:
+        return revision, "git"
+    baked = os.environ.get(REVISION_ENV, "").strip()
+    if baked and baked != "unknown":
+        return baked, f"env {REVISION_ENV} (the image's REVISION build argument)"
+    return None, f"none: no git checkout and no ${REVISION_ENV}"
+
+
+def image_identity(containerenv: Path = CONTAINERENV) -> tuple[str | None, str]:
+    """The image a record was made in, and which identifier that is."""
+    passed = os.environ.get(IMAGE_DIGEST_ENV, "").strip()
+    if passed:
+        return passed, os.environ.get(IMAGE_DIGEST_SOURCE_ENV) or f"env {IMAGE_DIGEST_ENV}"
+    hint = f"pass -e {IMAGE_DIGEST_ENV}=$(docker image inspect --format '{{{{.Id}}}}' <image>)"
+    if containerenv.is_file():
+        for line in containerenv.read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "imageid" and value.strip().strip('"'):
+                return value.strip().strip('"'), f"{containerenv} imageid (the podman image ID)"
+        return None, (
+            f"unknown: {containerenv} names no imageid (podman fills it for --privileged "
+            f"containers only); {hint}"
+        )
+    if Path("/.dockerenv").exists():
+        return None, f"unknown: docker shows a container no image ID; {hint}"
+    return None, "none: not run in an image"
+
+
+def hardware() -> dict[str, Any]:
+    return {
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "accelerator": _accelerator(),
+    }
+
+
+def _accelerator() -> str:
+    """CUDA devices when the run already imported torch and has them, else CPU."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available():
+            names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            return f"{len(names)} x {names[0]}"
+    except Exception as exc:  # a broken CUDA setup must not lose a record
+        log.warning("cannot query CUDA devices: %s", exc)
+    return "none (CPU)"

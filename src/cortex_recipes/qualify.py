@@ -2,7 +2,7 @@
 
 A record is written only for a passing qualification; ``last_validated`` in ``recipe.yaml`` is
 set from the record's date and points at it. A record holds: ``profile``, ``passed``,
-``date``, ``config_hash`` (:func:`config_hash` of the profile JSON), ``git_revision``,
+``date``, ``config_hash`` (:func:`cortex_recipes.provenance.config_hash` of the profile JSON), ``git_revision``,
 ``checks`` (named booleans), ``metrics`` (measured values against the ranges in
 ``recipe.yaml`` ``expected_metrics``), ``packages``, ``hardware``, ``image_digest`` and
 ``runs``. ``cortex-recipes validate`` rejects a ``last_validated`` that such a record does not
@@ -26,14 +26,9 @@ moves the qualification's run folders.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import importlib.metadata
 import json
 import logging
 import os
-import platform
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -41,88 +36,17 @@ from typing import Any
 
 import yaml
 
-from cortex_recipes.provenance import code_digest
+from cortex_recipes.provenance import (
+    code_digest,
+    hardware,
+    image_identity,
+    package_versions,
+    source_revision,
+)
 
 log = logging.getLogger(__name__)
 
-IMAGE_DIGEST_ENV = "CORTEX_RECIPES_IMAGE_DIGEST"
-IMAGE_DIGEST_SOURCE_ENV = "CORTEX_RECIPES_IMAGE_DIGEST_SOURCE"
-REVISION_ENV = "CORTEX_RECIPES_REVISION"
 EVIDENCE_DIR_ENV = "CORTEX_RECIPES_EVIDENCE_DIR"
-CONTAINERENV = Path("/run/.containerenv")
-PACKAGES = (
-    "cortex-training",
-    "torch",
-    "transformers",
-    "peft",
-    "tokenizers",
-    "renderers",
-    "cortex-recipes",
-)
-
-
-def config_hash(raw: Any) -> str:
-    """The hash a record pins a profile with: sha256 of its canonical JSON, 16 hex digits."""
-    return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def package_versions() -> dict[str, str]:
-    versions = {}
-    for name in PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = "absent"
-    return versions
-
-
-def git_revision() -> str | None:
-    """HEAD, with ``+dirty`` when tracked files differ from it."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return f"{head}+dirty" if dirty else head
-
-
-def source_revision() -> tuple[str | None, str]:
-    """The source revision a record names, and where it came from (git, else the image's
-    ``$CORTEX_RECIPES_REVISION``)."""
-    revision = git_revision()
-    if revision:
-        return revision, "git"
-    baked = os.environ.get(REVISION_ENV, "").strip()
-    if baked and baked != "unknown":
-        return baked, f"env {REVISION_ENV} (the image's REVISION build argument)"
-    return None, f"none: no git checkout and no ${REVISION_ENV}"
-
-
-def image_identity(containerenv: Path = CONTAINERENV) -> tuple[str | None, str]:
-    """The image a record was made in, and which identifier that is."""
-    passed = os.environ.get(IMAGE_DIGEST_ENV, "").strip()
-    if passed:
-        return passed, os.environ.get(IMAGE_DIGEST_SOURCE_ENV) or f"env {IMAGE_DIGEST_ENV}"
-    hint = f"pass -e {IMAGE_DIGEST_ENV}=$(docker image inspect --format '{{{{.Id}}}}' <image>)"
-    if containerenv.is_file():
-        for line in containerenv.read_text().splitlines():
-            key, _, value = line.partition("=")
-            if key.strip() == "imageid" and value.strip().strip('"'):
-                return value.strip().strip('"'), f"{containerenv} imageid (the podman image ID)"
-        return None, (
-            f"unknown: {containerenv} names no imageid (podman fills it for --privileged "
-            f"containers only); {hint}"
-        )
-    if Path("/.dockerenv").exists():
-        return None, f"unknown: docker shows a container no image ID; {hint}"
-    return None, "none: not run in an image"
 
 
 def evidence_dir(recipe_dir: Path) -> tuple[Path, bool]:
@@ -184,27 +108,6 @@ def select_profile(
             f"purpose 'qualification...') and {'; '.join(reasons)}"
         )
     return cpu[0], "the CPU qualification profile: " + "; ".join(reasons)
-
-
-def hardware() -> dict[str, Any]:
-    return {
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "accelerator": _accelerator(),
-    }
-
-
-def _accelerator() -> str:
-    """CUDA devices when the run already imported torch and has them, else CPU."""
-    torch = sys.modules.get("torch")
-    try:
-        if torch is not None and torch.cuda.is_available():
-            names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-            return f"{len(names)} x {names[0]}"
-    except Exception as exc:  # a broken CUDA setup must not lose a record
-        log.warning("cannot query CUDA devices: %s", exc)
-    return "none (CPU)"
 
 
 def compare_metrics(
@@ -476,35 +379,3 @@ def sft_metrics(runs: list[dict[str, Any]]) -> dict[str, Any]:
         metrics["held_out_loglik_gain_down"] = compared["down_gain"]
         metrics["held_out_loglik_gain_difference"] = compared["gain_difference"]
     return metrics
-
-
-def opd_metrics(distill: dict[str, Any], no_teacher: dict[str, Any]) -> dict[str, float]:
-    """The OPD metrics recipe.yaml states ranges for."""
-    kl = distill["eval_teacher_reverse_kl"]
-    flat = no_teacher["eval_teacher_reverse_kl"]
-    return {
-        "eval_teacher_reverse_kl_drop": kl[0] - kl[-1],
-        "tau0_eval_teacher_reverse_kl_change": max(flat) - min(flat),
-    }
-
-
-def opd_checks(distill: dict[str, Any], no_teacher: dict[str, Any]) -> dict[str, bool]:
-    """A distillation run must bring the student closer to the teacher; teacher_tau=0 must not."""
-    kl = distill["eval_teacher_reverse_kl"]
-    flat = no_teacher["eval_teacher_reverse_kl"]
-    return {
-        "teacher_kl_fell": kl[-1] < kl[0] - 0.5,
-        "teacher_contributed_every_step": all(t > 0 for t in distill["teacher_tokens"]),
-        "tau0_no_teacher_contribution": all(t == 0 for t in no_teacher["teacher_tokens"]),
-        "tau0_student_unchanged": max(flat) - min(flat) < 1e-6,
-        # compared at the start, every eval and the end (the run also stops on a change)
-        "teacher_frozen": bool(distill.get("teacher_frozen"))
-        and len(distill.get("teacher_fingerprints", [])) >= 3,
-        "teacher_scores_aligned": _aligned(distill) and _aligned(no_teacher),
-    }
-
-
-def _aligned(summary: dict[str, Any]) -> bool:
-    """The run's start-up alignment probe ran and its mean |forward - sampler| was in bounds."""
-    probe = summary.get("alignment") or {}
-    return bool(probe.get("positions")) and probe["mean_abs_diff"] <= probe["tolerance"]

@@ -26,8 +26,10 @@ Invariants this module keeps:
 - A resumed run keeps the records of the steps up to its checkpoint and drops later ones, so
   every step appears exactly once.
 - Every job a run creates is cancelled when the connection closes, on failure too.
-- An SDK call that fails with an HTTP error raises :class:`CortexCallError` naming the
-  operation, the sub-job and the server's own ``message`` and ``code``.
+- An SDK call that fails with an HTTP error raises
+  :class:`~cortex_recipes.cortex_client.CortexCallError` naming the operation, the sub-job and
+  the server's own ``message`` and ``code`` (:meth:`Run.connect` gives the journey an
+  :class:`~cortex_recipes.cortex_client.ExplainedClient`).
 
 Every journey's command-line ``Config`` subclasses :class:`RunConfig`, which holds the fields
 they share (``profile``, ``connection``, ``run_name``, ``log_path``, ``if_exists``,
@@ -52,10 +54,10 @@ from pathlib import Path
 from typing import Any
 
 import chz
-import requests
 
+from cortex_recipes.cortex_client import ExplainedClient
 from cortex_recipes.metrics import validate_record
-from cortex_recipes.qualify import git_revision
+from cortex_recipes.provenance import git_revision
 from cortex_recipes.trackers import Trackers, open_trackers
 
 log = logging.getLogger(__name__)
@@ -86,18 +88,6 @@ _LOGS = ("debug.log", "rollouts.jsonl")  # removed with the run; on their own no
 
 class CheckpointError(RuntimeError):
     """A run that cannot be started or resumed as asked; the message names the file and field."""
-
-
-class CortexCallError(RuntimeError):
-    """An SDK call the server refused: the operation, the sub-job and the server's message."""
-
-    def __init__(
-        self, operation: str, sub_job: str | None, status: int | None, code: Any, message: str
-    ):
-        self.operation, self.sub_job = operation, sub_job
-        self.status, self.code, self.message = status, code, message
-        where = f" on sub-job {sub_job}" if sub_job else ""
-        super().__init__(f"{operation}{where} failed: HTTP {status} (code {code}): {message}")
 
 
 # -- the command line every journey shares --------------------------------------------------
@@ -454,183 +444,3 @@ def _recorded_hash(path: Path) -> str | None:
         return json.loads((path / "config.json").read_text()).get("config_hash")
     except (OSError, ValueError):
         return None
-
-
-# -- SDK calls with the server's message -----------------------------------------------------
-
-# Which sub-job type an operation runs on, when the call does not name one.
-_OPERATION_SUB_JOB = {
-    "forward_backward": "training",
-    "step": "training",
-    "save": "training",
-    "load": "training",
-    "generate": "sampling",
-}
-
-
-def server_message(response: requests.Response | None) -> tuple[Any, str]:
-    """``(code, message)`` from an error response body, or the status and raw text."""
-    if response is None:
-        return None, "no response"
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and ("message" in body or "code" in body):
-        return body.get("code"), str(body.get("message"))
-    return response.status_code, (response.text or response.reason or "")[:2000]
-
-
-class ExplainedClient:
-    """A ``CortexTrainingClient`` whose HTTP failures say what the server said.
-
-    Every method is the SDK's own; a ``requests.HTTPError`` it raises becomes a
-    :class:`CortexCallError` (chained, so :func:`cortex_recipes.reconnect.is_recoverable`
-    still sees the status). It also remembers the jobs it created, so that
-    :meth:`cancel_open_jobs` can cancel whatever a failing run left running.
-    """
-
-    def __init__(self, client: Any, connection: str | None = None):
-        self._client = client
-        # a connection file's path (None: the local backend), named when it cannot be reached
-        self._connection = connection
-        self._open_jobs: list[str] = []
-        self._sub_jobs: dict[str, dict[str, str]] = {}
-
-    @property
-    def sdk(self) -> Any:
-        return self._client
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._client, name)
-        if not callable(attr) or name.startswith("_"):
-            return attr
-
-        def call(*args, **kwargs):
-            try:
-                return attr(*args, **kwargs)
-            except requests.exceptions.ConnectionError as exc:
-                if self._connection is None:
-                    raise
-                from cortex_recipes.endpoint import EndpointUnreachable
-
-                raise EndpointUnreachable(
-                    f"{name}: the endpoint of connection file {self._connection} did not answer "
-                    f"after the SDK's retries ({type(exc).__name__}); check its host or base_url, "
-                    "the network and the service, then rerun the same command to resume"
-                ) from exc
-            except requests.exceptions.HTTPError as exc:
-                code, message = server_message(exc.response)
-                status = exc.response.status_code if exc.response is not None else None
-                raise CortexCallError(
-                    name, self._sub_job_of(name, args, kwargs), status, code, message
-                ) from exc
-
-        return call
-
-    def _sub_job_of(self, operation: str, args: tuple, kwargs: dict) -> str | None:
-        for key in ("sub_job_id", "source_sub_job_id", "target_sub_job_id"):
-            if kwargs.get(key):
-                return str(kwargs[key])
-        if operation == "weight_sync" and len(args) >= 2:
-            return f"{args[1]} -> {args[2] if len(args) > 2 else kwargs.get('target_sub_job_ids')}"
-        job_id = args[0] if args and isinstance(args[0], str) else kwargs.get("job_id")
-        kind = _OPERATION_SUB_JOB.get(operation)
-        if job_id and kind:
-            return self._sub_jobs.get(job_id, {}).get(kind, f"{job_id}:{kind}")
-        return job_id
-
-    def create_job(self, sub_jobs: list, *args, **kwargs) -> str:
-        job_id = self.__getattr__("create_job")(sub_jobs, *args, **kwargs)
-        self._open_jobs.append(job_id)
-        return job_id
-
-    def wait_for_job(self, job_id: str) -> dict:
-        job = self.__getattr__("wait_for_job")(job_id)
-        self._sub_jobs[job_id] = {
-            s["job_type"]: s["sub_job_id"] for s in job.get("sub_jobs", []) if "sub_job_id" in s
-        }
-        return job
-
-    def cancel_job(self, job_id: str) -> None:
-        self.__getattr__("cancel_job")(job_id)
-        if job_id in self._open_jobs:
-            self._open_jobs.remove(job_id)
-
-    def cancel_open_jobs(self) -> None:
-        """Cancel every job this client created and did not cancel; failures are logged."""
-        for job_id in list(self._open_jobs):
-            try:
-                self._client.cancel_job(job_id)
-                log.info("cancelled job %s as the run ended", job_id)
-            except Exception as exc:  # the backend may be gone; nothing else to do here
-                log.warning("could not cancel job %s: %s: %s", job_id, type(exc).__name__, exc)
-            self._open_jobs.remove(job_id)
-
-
-# -- the trainer's side of a job -------------------------------------------------------------
-
-
-class Trainer:
-    """A job's training sub-job: the train step, the weight sync and the saves, in one place."""
-
-    def __init__(self, client: Any, job_id: str, run: Run, *, weight_format: str = "hf"):
-        from cortex_recipes.endpoint import sub_job_ids
-
-        self.client, self.job_id, self.run = client, job_id, run
-        self.sub_jobs = sub_job_ids(client.wait_for_job(job_id))
-        self.weight_format = weight_format
-
-    @classmethod
-    def start(cls, client: Any, sub_jobs: list, run: Run, **kwargs: Any) -> Trainer:
-        """Create the job, wait until its sub-jobs run, and bind its training sub-job."""
-        return cls(client, client.create_job(sub_jobs), run, **kwargs)
-
-    def poll(self, request_id: str) -> dict:
-        return self.client.poll_request(self.job_id, request_id)
-
-    def train_step(self, frame: bytes, *, learning_rate: float | None = None) -> tuple[dict, dict]:
-        """forward_backward on ``frame`` then an optimiser step: ``(result, step result)``."""
-        result = self.poll(self.client.forward_backward(self.job_id, frame))
-        stepped = self.poll(self.client.step(self.job_id, learning_rate=learning_rate))
-        return result, stepped
-
-    def sync(self, targets: list[str] | None = None) -> None:
-        """Put the trainer's weights on ``targets`` (default: the sampling sub-job)."""
-        targets = targets or [self.sub_jobs["sampling"]]
-        self.poll(
-            self.client.weight_sync(
-                self.job_id, self.sub_jobs["training"], targets, weight_format=self.weight_format
-            )
-        )
-
-    def save_weights(self, step: int) -> dict:
-        """A weights-only save, recorded in checkpoints.jsonl; returns the save result."""
-        saved = self.poll(self.client.save(self.job_id, checkpoint_type="weights-only"))
-        self.run.checkpoint(
-            step=step, job_id=self.job_id,
-            **{k: saved[k] for k in ("checkpoint_id", "stage_path", "checkpoint_type")},
-        )  # fmt: skip
-        return saved
-
-    def save_resumable(self, step: int, state: dict[str, Any]) -> float:
-        """A resumable trainer save, then ``state`` next to it (the order resume relies on);
-        returns the seconds it took."""
-        t0 = time.monotonic()
-        saved = self.poll(self.client.save(self.job_id, checkpoint_type="resumable"))
-        trainer = {"job_id": self.job_id, **{k: saved[k] for k in ("checkpoint_id", "stage_path")}}
-        self.run.checkpoints.save(
-            step, {**state, "config_hash": self.run.config_hash, "trainer": trainer}
-        )
-        self.run.checkpoint(step=step, checkpoint_type="resumable", **trainer)
-        return round(time.monotonic() - t0, 3)
-
-    def load(self, checkpoint: dict[str, Any], *, sync: bool = True) -> None:
-        """Load a resume state's trainer checkpoint (and, by default, sync the sampler)."""
-        source = checkpoint["trainer"]
-        self.poll(
-            self.client.load(self.job_id, source["checkpoint_id"], source_job_id=source["job_id"])
-        )
-        if sync and "sampling" in self.sub_jobs:
-            self.sync()
-        log.info("resumed from step %d (trainer checkpoint %s)", checkpoint["step"], source)

@@ -11,16 +11,16 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from cortex_recipes.local import processors
-from cortex_recipes.local.validation import Processing
-from cortex_recipes.local.worker import Worker
+from cortex_recipes.local.loss_schemas import Processing
+from cortex_recipes.local.model_worker import TrainingWorker
 from cortex_recipes.models import load_causal_lm
 from cortex_recipes.models.fixtures import TINY_QWEN3
 
 GRPO = Processing.from_json({"loss_fn": "grpo", "post": ["compute_logprobs"], "config": {}})
 
 
-def worker_with(model) -> Worker:
-    worker = Worker.__new__(Worker)  # only the model is needed by the logprob path
+def worker_with(model) -> TrainingWorker:
+    worker = TrainingWorker.__new__(TrainingWorker)  # only the model is needed by the logprob path
     worker.model = model
     return worker
 

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from cortex_recipes.run import CortexCallError, Trainer, open_run
+from cortex_recipes.cortex_client import CortexCallError
+from cortex_recipes.run import open_run
+from cortex_recipes.training_job import Trainer
 
 from .conftest import training
 

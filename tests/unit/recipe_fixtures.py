@@ -105,7 +105,7 @@ import json
 import sys
 from pathlib import Path
 
-from cortex_recipes import qualify
+from cortex_recipes import provenance, qualify
 
 RECIPE_DIR = Path(__file__).resolve().parent
 
@@ -117,7 +117,7 @@ def run(argv: list[str]) -> int:
     path = qualify.record_evidence(
         RECIPE_DIR,
         raw["name"],
-        qualify.config_hash(raw),
+        provenance.config_hash(raw),
         [{"losses": losses}],
         {"loss_fell": losses[-1] < losses[0]},
         metrics={"final_loss": losses[-1]},

@@ -7,9 +7,9 @@ import torch
 from cortex_training import wire
 
 from cortex_recipes.local import chunks
+from cortex_recipes.local.bodies import request_chunk
 from cortex_recipes.local.chunks import ChunkAssembler
 from cortex_recipes.local.errors import BackendError, Conflict
-from cortex_recipes.local.validation import request_chunk
 
 pytestmark = pytest.mark.unit
 

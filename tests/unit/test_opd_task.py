@@ -12,9 +12,9 @@ import torch
 from cortex_recipes import frames
 from cortex_recipes.distill import checks
 from cortex_recipes.distill.profile import load_opd_profile
-from cortex_recipes.distill.teacher_sft import TeacherSFTError, check, sft_profile_path
 from cortex_recipes.profiles import ProfileError
 from recipes.distillation.on_policy.data import identity_prompts
+from recipes.distillation.on_policy.teacher_sft import TeacherSFTError, check, sft_profile_path
 from recipes.distillation.on_policy.train import step_advantages
 
 pytestmark = pytest.mark.unit

@@ -13,9 +13,9 @@ from tests import extras
 
 pytest.importorskip("msgspec", reason=extras.reason("grpo"))
 
-from cortex_recipes.primerl import journey
 from cortex_recipes.rl.grpo import task_order
 from cortex_recipes.rl.profile import load_grpo_profile
+from recipes.rl.async_grpo import loop as journey
 
 pytestmark = pytest.mark.unit
 SMOKE = "recipes/rl/async_grpo/configs/local-cpu-tiny-qwen3-smoke.json"

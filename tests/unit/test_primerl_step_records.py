@@ -17,7 +17,8 @@ from tests import extras
 
 pytest.importorskip("msgspec", reason=extras.reason("grpo"))
 
-from cortex_recipes.primerl import journey, step_records  # noqa: E402
+from cortex_recipes.primerl import step_records  # noqa: E402
+from recipes.rl.async_grpo import loop as journey  # noqa: E402
 
 pytestmark = pytest.mark.unit
 

@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from cortex_recipes.local.errors import BackendError
+from cortex_recipes.local.frame_checks import validate_context
+from cortex_recipes.local.loss_schemas import parse_processing
 from cortex_recipes.local.processors import causal_cross_entropy, grpo
 from cortex_recipes.local.specs import parse_optimizer, parse_sub_jobs
-from cortex_recipes.local.validation import parse_processing, validate_context
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cortex_recipes.provenance import code_digest, code_files
-from cortex_recipes.validate import stale_evidence
+from cortex_recipes.repo_checks.records import stale_evidence
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cortex_recipes import cli, journeys, qualify, validate
+from cortex_recipes import cli, journeys, provenance, qualify
+from cortex_recipes.repo_checks import configs, records
 from tests.unit.recipe_fixtures import DEMO, write_demo_repository
 
 pytestmark = pytest.mark.unit
@@ -17,36 +18,36 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_revision_falls_back_to_the_baked_in_build_argument(monkeypatch):
-    monkeypatch.setattr(qualify, "git_revision", lambda: None)
-    monkeypatch.setenv(qualify.REVISION_ENV, "a" * 40)
-    revision, source = qualify.source_revision()
+    monkeypatch.setattr(provenance, "git_revision", lambda: None)
+    monkeypatch.setenv(provenance.REVISION_ENV, "a" * 40)
+    revision, source = provenance.source_revision()
     assert revision == "a" * 40 and "REVISION build argument" in source
-    monkeypatch.setenv(qualify.REVISION_ENV, "unknown")
-    assert qualify.source_revision()[0] is None
+    monkeypatch.setenv(provenance.REVISION_ENV, "unknown")
+    assert provenance.source_revision()[0] is None
 
 
 def test_git_wins_over_the_environment(monkeypatch):
-    monkeypatch.setattr(qualify, "git_revision", lambda: "b" * 40)
-    monkeypatch.setenv(qualify.REVISION_ENV, "a" * 40)
-    assert qualify.source_revision() == ("b" * 40, "git")
+    monkeypatch.setattr(provenance, "git_revision", lambda: "b" * 40)
+    monkeypatch.setenv(provenance.REVISION_ENV, "a" * 40)
+    assert provenance.source_revision() == ("b" * 40, "git")
 
 
 def test_image_identity_says_which_identifier_it_is(monkeypatch, tmp_path):
     containerenv = tmp_path / ".containerenv"
-    monkeypatch.delenv(qualify.IMAGE_DIGEST_ENV, raising=False)
+    monkeypatch.delenv(provenance.IMAGE_DIGEST_ENV, raising=False)
     containerenv.write_text(
         'engine="podman-4.3.1"\nimage="localhost/cortex/sft:pinned"\nimageid="abc123"\n'
     )
-    assert qualify.image_identity(containerenv) == (
+    assert provenance.image_identity(containerenv) == (
         "abc123",
         f"{containerenv} imageid (the podman image ID)",
     )
     containerenv.write_text('engine="podman-4.3.1"\n')
-    digest, source = qualify.image_identity(containerenv)
-    assert digest is None and source.startswith("unknown") and qualify.IMAGE_DIGEST_ENV in source
-    monkeypatch.setenv(qualify.IMAGE_DIGEST_ENV, "sha256:" + "c" * 64)
-    monkeypatch.setenv(qualify.IMAGE_DIGEST_SOURCE_ENV, "ci/images.py: podman image inspect")
-    assert qualify.image_identity(containerenv) == (
+    digest, source = provenance.image_identity(containerenv)
+    assert digest is None and source.startswith("unknown") and provenance.IMAGE_DIGEST_ENV in source
+    monkeypatch.setenv(provenance.IMAGE_DIGEST_ENV, "sha256:" + "c" * 64)
+    monkeypatch.setenv(provenance.IMAGE_DIGEST_SOURCE_ENV, "ci/images.py: podman image inspect")
+    assert provenance.image_identity(containerenv) == (
         "sha256:" + "c" * 64,
         "ci/images.py: podman image inspect",
     )
@@ -56,8 +57,8 @@ def test_a_redirected_record_goes_to_out_and_leaves_recipe_yaml(tmp_path, monkey
     demo = write_demo_repository(tmp_path / "repo")
     out = tmp_path / "out" / "evidence"
     monkeypatch.setenv(qualify.EVIDENCE_DIR_ENV, str(out))
-    monkeypatch.setattr(qualify, "git_revision", lambda: None)
-    monkeypatch.setenv(qualify.REVISION_ENV, "d" * 40)
+    monkeypatch.setattr(provenance, "git_revision", lambda: None)
+    monkeypatch.setenv(provenance.REVISION_ENV, "d" * 40)
     before = (demo / DEMO / "recipe.yaml").read_text()
     path = qualify.record_evidence(
         demo / DEMO, "cpu", "0123456789abcdef", [], {"ok": True}, metrics={"final_loss": 0.5}
@@ -114,12 +115,12 @@ def _image_record(**changes) -> dict:
     recipe = _recipe("sft")
     profile = journeys.get_profile(recipe, "local-cpu-smollm2-lora", "sft")
     config = journeys.get_journey(ROOT, "sft").path(ROOT) / profile["config"]
-    loader, _ = validate._loader(journeys.get_journey(ROOT, "sft"))
-    record = {key: None for key in validate.RECORD_FIELDS}
+    loader, _ = configs.journey_loader(journeys.get_journey(ROOT, "sft"))
+    record = {key: None for key in records.RECORD_FIELDS}
     record.update(
         profile="local-cpu-smollm2-lora",
         passed=True,
-        config_hash=validate.profile_config_hash(config, loader),
+        config_hash=configs.profile_config_hash(config, loader),
         git_revision="e" * 40,
         image_digest="sha256:" + "f" * 64,
     )
@@ -128,7 +129,7 @@ def _image_record(**changes) -> dict:
 
 
 def test_an_image_record_with_revision_and_digest_passes():
-    assert validate.check_image_record(ROOT, "sft", _image_record(), "sha256:" + "f" * 64) == []
+    assert records.check_image_record(ROOT, "sft", _image_record(), "sha256:" + "f" * 64) == []
 
 
 @pytest.mark.parametrize(
@@ -142,7 +143,7 @@ def test_an_image_record_with_revision_and_digest_passes():
     ],
 )
 def test_an_image_record_without_what_it_must_show_fails(changes, message):
-    problems = validate.check_image_record(
+    problems = records.check_image_record(
         ROOT, "sft", _image_record(**changes), "sha256:" + "f" * 64
     )
     assert any(message in p for p in problems), problems

@@ -9,7 +9,8 @@ import sys
 import pytest
 import yaml
 
-from cortex_recipes import cli, qualify, validate
+from cortex_recipes import cli, provenance, qualify, validate
+from cortex_recipes.repo_checks import records
 from tests.unit.recipe_fixtures import DEMO, write_demo_repository
 
 pytestmark = pytest.mark.unit
@@ -45,7 +46,7 @@ def test_metrics_are_compared_with_their_ranges():
 
 
 def test_passing_record_has_the_contract_fields_and_sets_last_validated(demo, monkeypatch):
-    monkeypatch.setenv(qualify.IMAGE_DIGEST_ENV, "sha256:" + "a" * 64)
+    monkeypatch.setenv(provenance.IMAGE_DIGEST_ENV, "sha256:" + "a" * 64)
     path = qualify.record_evidence(
         demo / DEMO,
         "cpu",
@@ -56,7 +57,7 @@ def test_passing_record_has_the_contract_fields_and_sets_last_validated(demo, mo
     )
     record = json.loads(path.read_text())
     today = dt.date.today().isoformat()
-    assert set(validate.RECORD_FIELDS) <= set(record)
+    assert set(records.RECORD_FIELDS) <= set(record)
     assert record["passed"] is True and record["date"] == today
     assert record["config_hash"] == "0123456789abcdef"
     assert record["metrics"] == {
@@ -72,7 +73,7 @@ def test_passing_record_has_the_contract_fields_and_sets_last_validated(demo, mo
 
 
 def test_metric_outside_its_range_fails_the_record_and_leaves_recipe_yaml(demo, monkeypatch):
-    monkeypatch.delenv(qualify.IMAGE_DIGEST_ENV, raising=False)
+    monkeypatch.delenv(provenance.IMAGE_DIGEST_ENV, raising=False)
     before = (demo / DEMO / "recipe.yaml").read_text()
     path = qualify.record_evidence(
         demo / DEMO, "cpu", "0123456789abcdef", [], {"ok": True}, metrics={"final_loss": 0.9}
@@ -101,7 +102,7 @@ def test_cli_qualify_records_evidence_that_the_validator_accepts(demo, capfd):
     assert '"passed": true' in out and "updated recipes/README.md" in out
     record = json.loads((demo / DEMO / "evidence" / "cpu.json").read_text())
     assert record["passed"] is True
-    assert record["config_hash"] == qualify.config_hash(
+    assert record["config_hash"] == provenance.config_hash(
         json.loads((demo / DEMO / "configs" / "cpu.json").read_text())
     )
     assert _recipe(demo)["profiles"][0]["last_validated"] == record["date"]
@@ -181,26 +182,3 @@ def test_a_record_without_plottable_runs_has_no_plots_and_still_passes(demo):
         metrics={"final_loss": 0.5},
     )
     assert json.loads(path.read_text())["plots"] == []
-
-
-def _opd_summary(**over):
-    summary = {
-        "eval_teacher_reverse_kl": [3.0, 2.0, 1.5],
-        "teacher_tokens": [10, 12],
-        "teacher_fingerprints": ["ab", "ab", "ab", "ab"],
-        "teacher_frozen": True,
-        "alignment": {"positions": 9, "mean_abs_diff": 1e-6, "tolerance": 0.05},
-    }
-    return {**summary, **over}
-
-
-def test_opd_checks_read_the_runs_fingerprints_and_alignment_probe():
-    tau0 = _opd_summary(eval_teacher_reverse_kl=[3.0, 3.0], teacher_tokens=[0, 0])
-    assert all(qualify.opd_checks(_opd_summary(), tau0).values())
-    moved = _opd_summary(teacher_fingerprints=["ab", "cd", "ab"], teacher_frozen=False)
-    assert not qualify.opd_checks(moved, tau0)["teacher_frozen"]
-    only_start = _opd_summary(teacher_fingerprints=["ab"])  # never compared
-    assert not qualify.opd_checks(only_start, tau0)["teacher_frozen"]
-    off = _opd_summary(alignment={"positions": 9, "mean_abs_diff": 2.3, "tolerance": 0.05})
-    assert not qualify.opd_checks(off, tau0)["teacher_scores_aligned"]
-    assert not qualify.opd_checks(_opd_summary(alignment=None), tau0)["teacher_scores_aligned"]

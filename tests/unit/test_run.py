@@ -9,14 +9,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from cortex_recipes.cortex_client import CortexCallError, ExplainedClient
 from cortex_recipes.reconnect import is_recoverable
-from cortex_recipes.run import (
-    CheckpointError,
-    CortexCallError,
-    ExplainedClient,
-    RunCheckpoints,
-    open_run,
-)
+from cortex_recipes.run import CheckpointError, RunCheckpoints, open_run
 
 pytestmark = pytest.mark.unit
 

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from cortex_recipes import cli, journeys, validate
+from cortex_recipes.repo_checks import readme, references
 from tests import extras
 from tests.unit.recipe_fixtures import OPD, ROOT, SFT, copy_repository, edit
 
@@ -69,14 +70,14 @@ def test_missing_readme_section_is_reported(repo):
     ],
 )
 def test_section_heading_rule(heading, counts):
-    assert validate.has_section(validate.section_headings(heading + "\n"), "Expected metrics") is (
+    assert readme.has_section(readme.section_headings(heading + "\n"), "Expected metrics") is (
         counts
     )
 
 
 def test_heading_inside_a_code_fence_does_not_count():
     text = "```bash\n## Commands\n```\n"
-    assert not validate.has_section(validate.section_headings(text), "Commands")
+    assert not readme.has_section(readme.section_headings(text), "Commands")
 
 
 def test_missing_readme_is_reported(repo):
@@ -294,7 +295,7 @@ def test_dangling_readme_link_and_command_path_are_reported(repo):
     ],
 )
 def test_mutable_reference_is_found(text):
-    assert validate.mutable_references(text)
+    assert references.mutable_references(text)
 
 
 @pytest.mark.parametrize(
@@ -308,7 +309,7 @@ def test_mutable_reference_is_found(text):
     ],
 )
 def test_pinned_reference_is_not_flagged(text):
-    assert validate.mutable_references(text) == []
+    assert references.mutable_references(text) == []
 
 
 def test_mutable_reference_in_readme_recipe_and_config_is_reported(repo):

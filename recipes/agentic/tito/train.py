@@ -50,7 +50,7 @@ from cortex_recipes.envs.glossary import (
     tool_specs,
 )
 from cortex_recipes.models import load_tokenizer, resolve_model_path
-from cortex_recipes.run import RunConfig, Trainer, profile_field
+from cortex_recipes.run import RunConfig, profile_field
 from cortex_recipes.supervision import collate, make_renderer
 from cortex_recipes.tito.batching import LockstepBatcher, sdk_generate_rows
 from cortex_recipes.tito.episode import run_episode
@@ -68,6 +68,7 @@ from cortex_recipes.tito.training import (
     groups_digest,
     wire_tools,
 )
+from cortex_recipes.training_job import Trainer
 
 log = logging.getLogger("recipes.agentic.tito")
 DEFAULT_PROFILE = "recipes/agentic/tito/configs/local-cpu-smollm2-chain.json"

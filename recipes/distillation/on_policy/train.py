@@ -4,7 +4,7 @@
     python -m recipes.distillation.on_policy.train profile=recipes/distillation/on_policy/configs/local-cpu-smollm2-teacher.json
 
 A profile with ``teacher_sft`` first makes its teacher: the SFT journey's run of that profile
-(trained, or reused when finished), exported with LoRA merged (distill.teacher_sft). A profile
+(trained, or reused when finished), exported with LoRA merged (teacher_sft.py). A profile
 with a ``reward`` samples ``group_size`` rollouts per prompt and adds group-relative reward
 advantages to the teacher term, so ``teacher_tau=0`` is the reward-only run of the same loop.
 At start-up an alignment probe scores the student sampler's own completions on the
@@ -32,13 +32,14 @@ import torch
 
 from cortex_recipes import completions, frames, profiles, progress, raw_forward
 from cortex_recipes.distill import teacher as teacher_lib
-from cortex_recipes.distill import teacher_sft
 from cortex_recipes.distill.profile import OPDProfile, load_opd_profile
 from cortex_recipes.models import load_tokenizer
 from cortex_recipes.rl.grpo import group_advantages
 from cortex_recipes.rollouts import Rollout, rollouts_from_results
-from cortex_recipes.run import RunConfig, Trainer, profile_field
+from cortex_recipes.run import RunConfig, profile_field
 from cortex_recipes.sampling import chat_prompt_ids, generate
+from cortex_recipes.training_job import Trainer
+from recipes.distillation.on_policy import teacher_sft
 
 log = logging.getLogger("recipes.distillation.on_policy")
 DEFAULT_PROFILE = "recipes/distillation/on_policy/configs/local-cpu-smollm2-snowflake.json"

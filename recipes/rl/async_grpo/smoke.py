@@ -36,7 +36,8 @@ from cortex_recipes import frames, profiles
 from cortex_recipes.models import load_tokenizer, resolve_model_path
 from cortex_recipes.primerl.launch import ENV_VAR
 from cortex_recipes.rl.profile import GRPOProfile, load_grpo_profile
-from cortex_recipes.run import RunConfig, Trainer, open_run, profile_field
+from cortex_recipes.run import RunConfig, open_run, profile_field
+from cortex_recipes.training_job import Trainer
 
 log = logging.getLogger("recipes.rl.async_grpo.smoke")
 HERE = Path(__file__).parent

@@ -31,7 +31,8 @@ from cortex_recipes.profiles import ProfileError
 from cortex_recipes.reconnect import is_recoverable
 from cortex_recipes.rl.grpo import greedy_eval
 from cortex_recipes.rl.profile import GRPOProfile, load_grpo_profile
-from cortex_recipes.run import Run, RunConfig, Trainer, open_run, profile_field
+from cortex_recipes.run import Run, RunConfig, open_run, profile_field
+from cortex_recipes.training_job import Trainer
 
 log = logging.getLogger("recipes.rl.async_grpo")
 DEFAULT_PROFILE = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
@@ -93,7 +94,7 @@ def train(config: Config, profile: GRPOProfile, run: Run, reconnects: int = 0) -
     """prime-rl's orchestrator + env-server drive the job through the two adapters. After a
     kill, rerunning resumes both from the run's newest resume point (the eval history rides in
     it), every step logged once."""
-    from cortex_recipes.primerl.journey import run_primerl
+    from recipes.rl.async_grpo.loop import run_primerl
 
     max_steps = config.max_steps or profile.max_steps
     tokenizer = load_tokenizer(profile.model)

@@ -32,8 +32,9 @@ from cortex_recipes.profiles import ProfileError
 from cortex_recipes.rl.grpo import ScoredGroup, greedy_eval, group_seed, grpo_frame, task_order
 from cortex_recipes.rl.profile import GRPOProfile, load_grpo_profile
 from cortex_recipes.rollouts import rollouts_from_results
-from cortex_recipes.run import RunConfig, Trainer, profile_field
+from cortex_recipes.run import RunConfig, profile_field
 from cortex_recipes.sampling import chat_prompt_ids, generate
+from cortex_recipes.training_job import Trainer
 
 log = logging.getLogger("recipes.rl.math_grpo")
 DEFAULT_PROFILE = "recipes/rl/math_grpo/configs/local-cpu-smollm2-lora.json"

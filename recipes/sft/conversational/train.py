@@ -24,9 +24,10 @@ import chz
 
 from cortex_recipes import frames, loglik, profiles, sft
 from cortex_recipes.models import load_tokenizer
-from cortex_recipes.run import RunConfig, Trainer, profile_field
+from cortex_recipes.run import RunConfig, profile_field
 from cortex_recipes.sampling import greedy_answers
 from cortex_recipes.supervision import collate, make_renderer, render_supervised
+from cortex_recipes.training_job import Trainer
 
 log = logging.getLogger("recipes.sft.conversational")
 # The default shows learning on a CPU (about 70 s of training on 2 cores); the smoke command

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
-from cortex_recipes.local import validation
+from cortex_recipes.local import bodies
 from cortex_recipes.local.backend import Backend
 from cortex_recipes.local.errors import BackendError
 
@@ -58,7 +58,7 @@ async def _body(request: Request, limit: int) -> bytes:
 
 
 async def _json(request: Request, limit: int, what: str) -> Any:
-    return validation.parse_json(await _body(request, limit), f"{what} body")
+    return bodies.parse_json(await _body(request, limit), f"{what} body")
 
 
 def create_app(

@@ -311,7 +311,7 @@ def atomic_publish(tmp: Path, final: Path) -> None:
 
 class CheckpointStore:
     """Where each job's checkpoints live under the state directory; ids are checked by the
-    caller (:mod:`cortex_recipes.local.validation`) before they reach a path."""
+    caller (:mod:`cortex_recipes.local.bodies`) before they reach a path."""
 
     def __init__(self, state_dir: Path):
         self.state_dir = Path(state_dir)

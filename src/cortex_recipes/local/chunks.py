@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 from cortex_training import wire
 
+from cortex_recipes.local.bodies import ChunkDescriptor
 from cortex_recipes.local.errors import BackendError, Conflict
-from cortex_recipes.local.validation import ChunkDescriptor
 
 # A client sends a group's chunks back to back; ten minutes idle means it gave up.
 INCOMPLETE_TTL_S = 600.0

@@ -1,7 +1,7 @@
 """The data plane: forward-backward, step, save, load, checkpoints, generate, request polling.
 
 Invariants:
-- Every call is validated (:mod:`cortex_recipes.local.validation`) against the running job and
+- Every call is validated (:mod:`~cortex_recipes.local.bodies`, :mod:`~cortex_recipes.local.frame_checks`, :mod:`~cortex_recipes.local.generate_params`) against the running job and
   the routed sub-job before a worker sees it; the worker receives the normalised header.
 - Chunked frames go through the job's :class:`~cortex_recipes.local.chunks.ChunkAssembler`, so
   a chunk group's gradient is applied at most once.
@@ -17,7 +17,7 @@ import logging
 import uuid
 from typing import Any
 
-from cortex_recipes.local import validation
+from cortex_recipes.local import bodies, frame_checks, generate_params
 from cortex_recipes.local.dispatch import Dispatcher, route, training_sub_job, worker_result
 from cortex_recipes.local.errors import BackendError
 from cortex_recipes.local.registry import Job, JobRegistry
@@ -37,10 +37,10 @@ class DataPlane:
     def forward_backward(self, job_id: str, data: bytes) -> dict[str, Any]:
         job = self.registry.require_running(job_id)
         sub_job_id = training_sub_job(job, "forward-backward")
-        desc = validation.request_chunk(data, "forward-backward")
+        desc = bodies.request_chunk(data, "forward-backward")
         if desc is None:
             return self._submit_forward_backward(job, sub_job_id, data)
-        payload = validation.decode_frame(data, "request chunk")
+        payload = bodies.decode_frame(data, "request chunk")
         if not isinstance(payload, dict) or set(payload) != {"payload"}:
             raise BackendError("request chunk must hold exactly one payload tensor")
         accepted = job.chunks.accept(desc, data)
@@ -57,9 +57,9 @@ class DataPlane:
         return response
 
     def _submit_forward_backward(self, job: Job, sub_job_id: str, frame_bytes: bytes) -> dict:
-        frame = validation.decode_frame(frame_bytes, "forward-backward frame")
+        frame = bodies.decode_frame(frame_bytes, "forward-backward frame")
         spec = job.sub_job(sub_job_id)
-        processing = validation.validate_model_frame(
+        processing = frame_checks.validate_model_frame(
             frame, max_seq_len=spec.max_seq_len, vocab=job.vocab_size(sub_job_id), training=True
         )
         request = self.dispatcher.on_worker(
@@ -80,9 +80,9 @@ class DataPlane:
             ("log_probability", "training"),
             ("log_probability", "training"),
         )
-        frame_bytes = validation.forward_payload_bytes(payload)
-        frame = validation.decode_frame(frame_bytes, "forward frame")
-        validation.validate_model_frame(
+        frame_bytes = frame_checks.forward_payload_bytes(payload)
+        frame = bodies.decode_frame(frame_bytes, "forward frame")
+        frame_checks.validate_model_frame(
             frame,
             max_seq_len=spec.max_seq_len,
             vocab=job.vocab_size(spec.sub_job_id),
@@ -97,7 +97,7 @@ class DataPlane:
 
     def step(self, job_id: str, body: Any) -> dict[str, Any]:
         job = self.registry.require_running(job_id)
-        learning_rate = validation.step_learning_rate(validation.json_object(body, "step"))
+        learning_rate = bodies.step_learning_rate(bodies.json_object(body, "step"))
         sub_job_id = training_sub_job(job, "step")
         request = self.dispatcher.on_worker(
             job, sub_job_id, "step", {"op": "step", "learning_rate": learning_rate}
@@ -106,15 +106,15 @@ class DataPlane:
 
     def save(self, job_id: str, body: Any) -> dict[str, Any]:
         job = self.registry.require_running(job_id)
-        body = validation.json_object(body, "save")
-        validation.only_keys(body, ("checkpoint_id", "checkpoint_type"), "save")
-        checkpoint_type = validation.checkpoint_type(body.get("checkpoint_type"))
+        body = bodies.json_object(body, "save")
+        bodies.only_keys(body, ("checkpoint_id", "checkpoint_type"), "save")
+        checkpoint_type = bodies.checkpoint_type(body.get("checkpoint_type"))
         requested = body.get("checkpoint_id")
         if self.hosted and requested is not None:  # rule checkpoint-id-ignored
             log.info("save: checkpoint_id=%s ignored (hosted-conformance mode)", abridge(requested))
             requested = None
         checkpoint_id = (
-            f"cp_{uuid.uuid4().hex}" if requested is None else validation.checkpoint_id(requested)
+            f"cp_{uuid.uuid4().hex}" if requested is None else bodies.checkpoint_id(requested)
         )
         sub_job_id = training_sub_job(job, "save")
         store = self.registry.checkpoints
@@ -150,8 +150,8 @@ class DataPlane:
 
     def load(self, job_id: str, body: Any) -> dict[str, Any]:
         job = self.registry.require_running(job_id)
-        body = validation.json_object(body, "load")
-        validation.only_keys(body, ("checkpoint_id", "source_job_id", "target_sub_job_id"), "load")
+        body = bodies.json_object(body, "load")
+        bodies.only_keys(body, ("checkpoint_id", "source_job_id", "target_sub_job_id"), "load")
         target = body.get("target_sub_job_id")
         if target is not None:
             spec = job.sub_job(target)
@@ -162,8 +162,8 @@ class DataPlane:
                     status=501,
                 )
         sub_job_id = training_sub_job(job, "load")
-        source_job = validation.job_id(body.get("source_job_id") or job_id, "source_job_id")
-        checkpoint_id = validation.checkpoint_id(body.get("checkpoint_id"))
+        source_job = bodies.job_id(body.get("source_job_id") or job_id, "source_job_id")
+        checkpoint_id = bodies.checkpoint_id(body.get("checkpoint_id"))
         directory = self.registry.checkpoints.directory(source_job, checkpoint_id)
         request = self.dispatcher.on_worker(
             job, sub_job_id, "load", {"op": "load", "directory": str(directory)}
@@ -176,18 +176,18 @@ class DataPlane:
 
     def delete_checkpoint(self, job_id: str, checkpoint_id: str) -> None:
         self.registry.get(job_id)
-        self.registry.checkpoints.delete(job_id, validation.checkpoint_id(checkpoint_id))
+        self.registry.checkpoints.delete(job_id, bodies.checkpoint_id(checkpoint_id))
 
     # -- generate ---------------------------------------------------------------------------------
 
     def generate(self, job_id: str, data: bytes) -> dict[str, Any]:
         job = self.registry.require_running(job_id)
-        if validation.request_chunk(data, "generate") is not None:
+        if bodies.request_chunk(data, "generate") is not None:
             raise BackendError(
                 "chunked generate requests are not supported by the local backend; "
                 "send under 60 MiB"
             )
-        frame = validation.decode_frame(data, "generate frame")
+        frame = bodies.decode_frame(data, "generate frame")
         samplers = job.of_type("sampling")
         if not samplers:
             raise BackendError(f"generate needs a sampling sub-job; job {job_id} has none")
@@ -196,7 +196,7 @@ class DataPlane:
         if len(samplers) > 1 and isinstance(routing_key, str):
             digest = int(hashlib.sha256(routing_key.encode()).hexdigest(), 16)
             spec = samplers[digest % len(samplers)]
-        rows = validation.validate_generate(
+        rows = generate_params.validate_generate(
             frame, max_seq_len=spec.max_seq_len, vocab=job.vocab_size(spec.sub_job_id)
         )
         n = len(rows)

@@ -9,23 +9,33 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from cortex_recipes.local import hosted, validation
-from cortex_recipes.local.dispatch import route
+from cortex_recipes.local import bodies, hosted
+from cortex_recipes.local.data_plane import DataPlane
+from cortex_recipes.local.dispatch import Dispatcher, route
 from cortex_recipes.local.errors import BackendError
+from cortex_recipes.local.registry import JobRegistry
 from cortex_recipes.local.specs import JOB_TYPES, abridge
 from cortex_recipes.local.weight_sync import start_weight_sync
 
-if TYPE_CHECKING:
-    from cortex_recipes.local.backend import Backend
+
+class Parts(Protocol):
+    """What an operation handler uses of the backend (:class:`cortex_recipes.local.backend.Backend`
+    is one), named here so this table does not import the backend that imports it."""
+
+    hosted: bool
+    registry: JobRegistry
+    dispatcher: Dispatcher
+    data_plane: DataPlane
+
 
 BODY_KEYS = ("operation_type", "sub_job_id", "sub_job_type", "payload")
 # A page of log lines; more in one response is a client mistake.
 MAX_LOG_LINES = 10_000
 
 
-def _forward(backend: Backend, job_id: str, body: dict) -> dict[str, Any]:
+def _forward(backend: Parts, job_id: str, body: dict) -> dict[str, Any]:
     job = backend.registry.require_running(job_id)
     payload = body.get("payload")
     if backend.hosted and isinstance(payload, dict) and "payload_b64" in payload:
@@ -39,7 +49,7 @@ def _forward(backend: Backend, job_id: str, body: dict) -> dict[str, Any]:
     )
 
 
-def _weight_sync(backend: Backend, job_id: str, body: dict) -> dict[str, Any]:
+def _weight_sync(backend: Parts, job_id: str, body: dict) -> dict[str, Any]:
     job = backend.registry.require_running(job_id)
     return start_weight_sync(
         backend.dispatcher,
@@ -51,7 +61,7 @@ def _weight_sync(backend: Backend, job_id: str, body: dict) -> dict[str, Any]:
     )
 
 
-def _reset_prefix_cache(backend: Backend, job_id: str, body: dict) -> dict[str, Any]:
+def _reset_prefix_cache(backend: Parts, job_id: str, body: dict) -> dict[str, Any]:
     job = backend.registry.require_running(job_id)
     spec = route(
         job,
@@ -75,7 +85,7 @@ DEFAULT_PAUSE_S = 900.0
 MAX_PAUSE_S = 3600.0
 
 
-def _sampling_worker(backend: Backend, job_id: str, body: dict, op: str):
+def _sampling_worker(backend: Parts, job_id: str, body: dict, op: str):
     job = backend.registry.require_running(job_id)
     spec = route(
         job, op, body.get("sub_job_id"), body.get("sub_job_type"), ("sampling",), ("sampling",)
@@ -83,14 +93,14 @@ def _sampling_worker(backend: Backend, job_id: str, body: dict, op: str):
     return spec, job.workers[spec.sub_job_id]
 
 
-def _pause_generation(backend: Backend, job_id: str, body: dict) -> dict[str, Any]:
+def _pause_generation(backend: Parts, job_id: str, body: dict) -> dict[str, Any]:
     """A local-backend extension (hosted Cortex has no such operation): hold the sampler's
     decoding at its next step boundary, rows and their caches kept, until
     ``resume-generation`` or ``payload.max_s``. Requests still arrive and queue; weight syncs,
     cancels and forwards still run. This is what prime-rl's ``/pause?mode=keep`` asks of vLLM."""
     payload = body.get("payload")
-    payload = validation.json_object({} if payload is None else payload, "pause-generation payload")
-    validation.only_keys(payload, ("max_s",), "pause-generation payload")
+    payload = bodies.json_object({} if payload is None else payload, "pause-generation payload")
+    bodies.only_keys(payload, ("max_s",), "pause-generation payload")
     max_s = payload.get("max_s", DEFAULT_PAUSE_S)
     if (
         isinstance(max_s, bool)
@@ -106,7 +116,7 @@ def _pause_generation(backend: Backend, job_id: str, body: dict) -> dict[str, An
     return {"job_id": job_id, "sub_job_id": spec.sub_job_id, "paused": True, "max_s": max_s}
 
 
-def _resume_generation(backend: Backend, job_id: str, body: dict) -> dict[str, Any]:
+def _resume_generation(backend: Parts, job_id: str, body: dict) -> dict[str, Any]:
     """Lift ``pause-generation`` (a no-op when the sampler is not paused)."""
     if body.get("payload") not in (None, {}):
         raise BackendError(
@@ -117,7 +127,7 @@ def _resume_generation(backend: Backend, job_id: str, body: dict) -> dict[str, A
     return {"job_id": job_id, "sub_job_id": spec.sub_job_id, "paused": False}
 
 
-def _cancel_request(backend: Backend, job_id: str, body: dict) -> dict[str, Any]:
+def _cancel_request(backend: Parts, job_id: str, body: dict) -> dict[str, Any]:
     job = backend.registry.require_running(job_id)
     payload = body.get("payload")
     if not isinstance(payload, dict) or not isinstance(payload.get("request_id"), str):
@@ -125,14 +135,14 @@ def _cancel_request(backend: Backend, job_id: str, body: dict) -> dict[str, Any]
     return job.requests.cancel(payload["request_id"])
 
 
-def _tail_logs(backend: Backend, job_id: str, body: dict) -> dict[str, Any]:
+def _tail_logs(backend: Parts, job_id: str, body: dict) -> dict[str, Any]:
     job = backend.registry.get(job_id)
     sub_job_id, sub_job_type = body.get("sub_job_id"), body.get("sub_job_type")
     payload = body.get("payload")
     if payload is None:
         payload = {}
-    payload = validation.json_object(payload, "tail-logs payload")
-    validation.only_keys(payload, ("cursor", "max_lines"), "tail-logs payload")
+    payload = bodies.json_object(payload, "tail-logs payload")
+    bodies.only_keys(payload, ("cursor", "max_lines"), "tail-logs payload")
     if sub_job_id is None and sub_job_type is None and len(job.specs) > 1:
         raise BackendError(
             "tail-logs needs sub_job_id or sub_job_type when a job has several sub-jobs"
@@ -143,7 +153,7 @@ def _tail_logs(backend: Backend, job_id: str, body: dict) -> dict[str, Any]:
         raise BackendError(
             f"tail-logs cursor={abridge(cursor)} must be a cursor this server issued"
         )
-    max_lines = validation.integer(
+    max_lines = bodies.integer(
         payload.get("max_lines") or 200, "tail-logs max_lines", minimum=1, maximum=MAX_LOG_LINES
     )
     path = job.workers[spec.sub_job_id].log_path
@@ -155,7 +165,7 @@ def _tail_logs(backend: Backend, job_id: str, body: dict) -> dict[str, Any]:
     return {"entries": entries, "next_cursor": str(end), "eof": end >= len(data)}
 
 
-OPERATIONS: dict[str, Callable[[Backend, str, dict], dict[str, Any]]] = {
+OPERATIONS: dict[str, Callable[[Parts, str, dict], dict[str, Any]]] = {
     "forward": _forward,
     "weight-sync": _weight_sync,
     "reset-prefix-cache": _reset_prefix_cache,
@@ -166,9 +176,9 @@ OPERATIONS: dict[str, Callable[[Backend, str, dict], dict[str, Any]]] = {
 }
 
 
-def run_operation(backend: Backend, job_id: str, body: Any) -> dict[str, Any]:
-    body = validation.json_object(body, "operation")
-    validation.only_keys(body, BODY_KEYS, "operation")
+def run_operation(backend: Parts, job_id: str, body: Any) -> dict[str, Any]:
+    body = bodies.json_object(body, "operation")
+    bodies.only_keys(body, BODY_KEYS, "operation")
     op = body.get("operation_type")
     accepted = [
         name for name in OPERATIONS if not (backend.hosted and name in hosted.LOCAL_OPERATIONS)

@@ -5,7 +5,7 @@ Names and semantics follow the Cortex Training ``processing`` contract (``loss_f
 implementation. Every ``*_shifted`` tensor and ``loss_mask`` is prediction-aligned: column ``i``
 scores token ``i + 1``.
 
-Inputs arrive already checked by :mod:`cortex_recipes.local.validation` (config keys, shapes,
+Inputs arrive already checked by :mod:`cortex_recipes.local.frame_checks` and :mod:`~cortex_recipes.local.loss_schemas` (config keys, shapes,
 dtypes, ranges); ``config`` has every default filled in. The one check left here is the one only
 the model can fail: a non-finite log-probability where a token is scored.
 """

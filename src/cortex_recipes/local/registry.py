@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cortex_recipes.local import devices, hosted, validation
+from cortex_recipes.local import bodies, devices, hosted
 from cortex_recipes.local.checkpoints import CheckpointStore
 from cortex_recipes.local.chunks import ChunkAssembler
 from cortex_recipes.local.cores import CoreBalancer
@@ -132,9 +132,9 @@ class JobRegistry:
         return len(self._gpu_load())
 
     def create(self, body: Any) -> dict[str, Any]:
-        body = validation.json_object(body, "create-job")
+        body = bodies.json_object(body, "create-job")
         job_id = body.get("job_id") or f"job-{uuid.uuid4().hex[:12]}"
-        validation.job_id(job_id)
+        bodies.job_id(job_id)
         specs = parse_sub_jobs(job_id, body.get("sub_job_configs"))
         for i, spec in enumerate(specs):
             if self.hosted and hosted.is_model_folder(spec.model_name):

@@ -5,7 +5,7 @@ is what a trainer computes for the same ids; this matches vLLM's ``raw_logprobs`
 
 Everything runs on the model's device, per-row generators included (a generator must live on
 the device whose tensors it samples). Parameters arrive validated
-(:func:`cortex_recipes.local.validation.parse_sampling_params`). The continuous-batching loop
+(:func:`cortex_recipes.local.generate_params.parse_sampling_params`). The continuous-batching loop
 that drives these rows is :mod:`cortex_recipes.local.batcher`.
 """
 

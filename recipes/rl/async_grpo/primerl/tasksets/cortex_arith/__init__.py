@@ -1,7 +1,7 @@
 """Offline arithmetic taskset for prime-rl's env-server (verifiers a60a606 v1 API).
 
 Loaded by the env-server as taskset id ``cortex-arith`` when this folder's parent is on its
-PYTHONPATH (``cortex_recipes.primerl.journey`` puts it there). It runs only inside prime-rl's
+PYTHONPATH (the journey's ``loop.py`` puts it there). It runs only inside prime-rl's
 own environment, never in this project's. The problems come from ``tasks_path``, a JSONL file
 of ``{"prompt", "answer", "partial_credit"}`` that the journey writes from the profile's
 reasoning-gym dataset (``primerl/tasks.jsonl`` in the run): the same problems and prompts the

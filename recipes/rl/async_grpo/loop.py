@@ -1,4 +1,4 @@
-"""The async GRPO journey on prime-rl's own orchestrator: configs, processes, metrics.
+"""The async GRPO journey's loop on prime-rl's own orchestrator: configs, processes, metrics.
 
 ``run_primerl`` takes an open run, a connected client and a GRPO profile and runs, until
 ``max_steps`` is published:
@@ -11,8 +11,8 @@
   (``primerl.launch``), from an ``orch.toml`` and ``env.toml`` written into the run directory;
   they die with this process, even on its SIGKILL (``primerl/exit_with_parent.py``).
 
-The task is the offline ``cortex-arith`` verifiers taskset (recipes/rl/async_grpo/primerl/
-tasksets/), generated with the profile's ``env`` knobs. Lag bounds are prime-rl's own:
+The task is the offline ``cortex-arith`` verifiers taskset (``primerl/tasksets/`` beside this
+file), generated with the profile's ``env`` knobs. Lag bounds are prime-rl's own:
 ``max_off_policy_steps`` from the profile, and prime-rl's fixed async level of one step
 (batch ``n`` ships once version ``n - 2`` is published).
 
@@ -56,12 +56,8 @@ METRICS_SCHEMA = "async_grpo/prime-rl"  # this runner's record in metrics_schema
 
 
 def tasksets_dir() -> Path:
-    """The journey's taskset folder, found through the ``recipes`` package (the repository
-    root in a checkout, ``/app`` in an image, where ``cortex_recipes`` itself is installed in
-    site-packages and paths relative to this file would point into the venv)."""
-    import recipes
-
-    return Path(recipes.__file__).resolve().parent / "rl" / "async_grpo" / "primerl" / "tasksets"
+    """The journey's taskset folder (beside this file: the checkout, or ``/app`` in an image)."""
+    return Path(__file__).resolve().parent / "primerl" / "tasksets"
 
 
 # The taskset's own in-process chat harness (tasksets/cortex_arith): verifiers' ``null`` harness

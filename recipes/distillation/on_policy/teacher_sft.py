@@ -36,9 +36,7 @@ class TeacherSFTError(ProfileError):
 
 
 def sft_configs_dir() -> Path:
-    import recipes.sft.conversational as sft_recipe
-
-    return Path(sft_recipe.__file__).resolve().parent / "configs"
+    return Path(__file__).resolve().parents[2] / "sft" / "conversational" / "configs"
 
 
 def sft_profile_path(name: str) -> Path:

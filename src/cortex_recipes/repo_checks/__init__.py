@@ -1,0 +1,2 @@
+"""The checks ``cortex-recipes validate`` (:mod:`cortex_recipes.validate`) runs, one module per
+family."""

@@ -1,0 +1,77 @@
+"""A job's training sub-job as a journey drives it: the train step, the weight sync, the
+weights-only and resumable saves (recorded in the run), and loading a resume state."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from cortex_recipes.run import Run
+
+log = logging.getLogger(__name__)
+
+
+class Trainer:
+    """A job's training sub-job: the train step, the weight sync and the saves, in one place."""
+
+    def __init__(self, client: Any, job_id: str, run: Run, *, weight_format: str = "hf"):
+        from cortex_recipes.endpoint import sub_job_ids
+
+        self.client, self.job_id, self.run = client, job_id, run
+        self.sub_jobs = sub_job_ids(client.wait_for_job(job_id))
+        self.weight_format = weight_format
+
+    @classmethod
+    def start(cls, client: Any, sub_jobs: list, run: Run, **kwargs: Any) -> Trainer:
+        """Create the job, wait until its sub-jobs run, and bind its training sub-job."""
+        return cls(client, client.create_job(sub_jobs), run, **kwargs)
+
+    def poll(self, request_id: str) -> dict:
+        return self.client.poll_request(self.job_id, request_id)
+
+    def train_step(self, frame: bytes, *, learning_rate: float | None = None) -> tuple[dict, dict]:
+        """forward_backward on ``frame`` then an optimiser step: ``(result, step result)``."""
+        result = self.poll(self.client.forward_backward(self.job_id, frame))
+        stepped = self.poll(self.client.step(self.job_id, learning_rate=learning_rate))
+        return result, stepped
+
+    def sync(self, targets: list[str] | None = None) -> None:
+        """Put the trainer's weights on ``targets`` (default: the sampling sub-job)."""
+        targets = targets or [self.sub_jobs["sampling"]]
+        self.poll(
+            self.client.weight_sync(
+                self.job_id, self.sub_jobs["training"], targets, weight_format=self.weight_format
+            )
+        )
+
+    def save_weights(self, step: int) -> dict:
+        """A weights-only save, recorded in checkpoints.jsonl; returns the save result."""
+        saved = self.poll(self.client.save(self.job_id, checkpoint_type="weights-only"))
+        self.run.checkpoint(
+            step=step, job_id=self.job_id,
+            **{k: saved[k] for k in ("checkpoint_id", "stage_path", "checkpoint_type")},
+        )  # fmt: skip
+        return saved
+
+    def save_resumable(self, step: int, state: dict[str, Any]) -> float:
+        """A resumable trainer save, then ``state`` next to it (the order resume relies on);
+        returns the seconds it took."""
+        t0 = time.monotonic()
+        saved = self.poll(self.client.save(self.job_id, checkpoint_type="resumable"))
+        trainer = {"job_id": self.job_id, **{k: saved[k] for k in ("checkpoint_id", "stage_path")}}
+        self.run.checkpoints.save(
+            step, {**state, "config_hash": self.run.config_hash, "trainer": trainer}
+        )
+        self.run.checkpoint(step=step, checkpoint_type="resumable", **trainer)
+        return round(time.monotonic() - t0, 3)
+
+    def load(self, checkpoint: dict[str, Any], *, sync: bool = True) -> None:
+        """Load a resume state's trainer checkpoint (and, by default, sync the sampler)."""
+        source = checkpoint["trainer"]
+        self.poll(
+            self.client.load(self.job_id, source["checkpoint_id"], source_job_id=source["job_id"])
+        )
+        if sync and "sampling" in self.sub_jobs:
+            self.sync()
+        log.info("resumed from step %d (trainer checkpoint %s)", checkpoint["step"], source)
