@@ -31,10 +31,10 @@ from typing import Any
 import torch
 from cortex_training import wire
 
+from cortex_recipes import grpo_loss
 from cortex_recipes.rollouts import Rollout
 
 RESPONSE_OPTIONS = {"response_options": {"format": "dssst1", "delivery": "chunked"}}
-GRPO_DEFAULTS = {"eps_clip": 0.2, "loss_agg_mode": "token-mean"}
 
 
 class FrameError(ValueError):
@@ -201,7 +201,7 @@ def grpo_frame(batch: Batch, loss_config: dict[str, Any]) -> bytes:
     return _frame(
         batch,
         _rl_context(batch, "grpo", teacher=False),
-        {"loss_fn": "grpo", "config": {**GRPO_DEFAULTS, **loss_config}},
+        {"loss_fn": "grpo", "config": grpo_loss.with_defaults_named(loss_config)},
     )
 
 

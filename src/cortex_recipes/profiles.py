@@ -360,6 +360,19 @@ def at_least(low: int, meaning: str = ""):
     return check
 
 
+def count_field(doc: str, *, low: int = 0, default: int | None = None, meaning: str = "") -> Any:
+    """A command-line integer field of at least ``low`` (default: ``low``, which the journeys
+    read as "the profile's value" or "off"), checked by :func:`at_least`; ``meaning`` (default:
+    ``doc``) is what its error says the smallest values mean."""
+    import chz
+
+    return chz.field(
+        validator=at_least(low, meaning or doc),
+        default=low if default is None else default,
+        doc=doc,
+    )
+
+
 def user_errors() -> tuple[type[BaseException], ...]:
     """What a person's command, profile, overrides, connection file or environment can get
     wrong, and a local backend that died: reported as one message, never as a traceback."""

@@ -48,15 +48,19 @@ def _library_base(root: Path) -> Path:
     return Path(cortex_recipes.__file__).resolve().parent.parent
 
 
-def _module_path(root: Path, module: str) -> Path | None:
-    parts = module.split(".")
-    base = _library_base(root) if parts[0] == "cortex_recipes" else root
-    candidate = base.joinpath(*parts)
+def source_file(base: Path, module: str) -> Path | None:
+    """The file of dotted ``module`` under ``base`` (``a/b.py`` or ``a/b/__init__.py``)."""
+    candidate = base.joinpath(*module.split("."))
     if candidate.with_suffix(".py").is_file():
         return candidate.with_suffix(".py")
     if (candidate / "__init__.py").is_file():
         return candidate / "__init__.py"
     return None
+
+
+def _module_path(root: Path, module: str) -> Path | None:
+    base = _library_base(root) if module.split(".")[0] == "cortex_recipes" else root
+    return source_file(base, module)
 
 
 def _display(root: Path, path: Path) -> str:

@@ -63,8 +63,11 @@ class Trainer:
         self.run.checkpoints.save(
             step, {**state, "config_hash": self.run.config_hash, "trainer": trainer}
         )
-        self.run.checkpoint(step=step, checkpoint_type="resumable", **trainer)
-        return round(time.monotonic() - t0, 3)
+        seconds = round(time.monotonic() - t0, 3)
+        self.run.checkpoint(
+            step=step, checkpoint_type="resumable", **trainer, **{"time/save_ckpt": seconds}
+        )
+        return seconds
 
     def load(self, checkpoint: dict[str, Any], *, sync: bool = True) -> None:
         """Load a resume state's trainer checkpoint (and, by default, sync the sampler)."""

@@ -26,7 +26,7 @@ def test_profile_builds_student_trainer_student_sampler_and_teacher(path):
     assert [j.job_type.value for j in jobs] == ["training", "sampling", "log_probability"]
     assert jobs[0].model_name == jobs[1].model_name == profile.student_model
     assert jobs[2].model_name == profile.teacher_model
-    config = profile.grpo_config()
+    config = profile.loss_config()
     if profile.teacher_tau > 0:
         assert config["teacher_clip"] > 0 and config["teacher_tau"] == profile.teacher_tau
     else:

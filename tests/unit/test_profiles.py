@@ -90,7 +90,7 @@ def test_other_journeys_accept_nested_overrides_too():
     tito = ROOT / "recipes/agentic/tito/configs/local-cpu-tiny-qwen3-smoke.json"
     assert load_tito_profile(tito, ["rl.steps=2", "warm_start.steps=0"]).rl.steps == 2
     opd = ROOT / "recipes/distillation/on_policy/configs/local-cpu-smollm2-teacher.json"
-    assert load_opd_profile(opd, ["teacher_tau=0.5"]).grpo_config()["teacher_tau"] == 0.5
+    assert load_opd_profile(opd, ["teacher_tau=0.5"]).loss_config()["teacher_tau"] == 0.5
     with pytest.raises(ProfileError, match=r"teacher_tau=0.5 needs a positive teacher_clip"):
         load_opd_profile(opd, ["teacher_tau=0.5", "teacher_clip=null"])
 

@@ -37,7 +37,7 @@ import verifiers.v1 as vf
 from verifiers.v1.clients import resolve_client
 from verifiers.v1.configs.client import TrainClientConfig
 
-from cortex_recipes import completions, frames, profiles, progress
+from cortex_recipes import completions, driver, frames, profiles, progress
 from cortex_recipes.envs.glossary import (
     GlossaryTaskset,
     GlossaryToolset,
@@ -80,22 +80,14 @@ GATEWAY_KEY_ENV = (
 @chz.chz
 class Config(RunConfig):
     profile: str = profile_field(DEFAULT_PROFILE)
-    rl_steps: int = chz.field(
-        validator=profiles.at_least(0, "0: the profile's rl.steps"),
-        default=0,
-        doc="0: the profile's rl.steps",
-    )
+    rl_steps: int = profiles.count_field("0: the profile's rl.steps")
     rollouts_rate: float = completions.rate_field()
-    warm_start_steps: int = chz.field(
-        validator=profiles.at_least(-1, "-1: the profile's warm_start.steps"),
-        default=-1,
-        doc="< 0: the profile's warm_start.steps",
+    warm_start_steps: int = profiles.count_field(
+        "< 0: the profile's warm_start.steps", low=-1, meaning="-1: the profile's warm_start.steps"
     )
     final_eval: bool = chz.field(default=True, doc="the greedy eval after RL (false: skip it)")
-    stop_after_step: int = chz.field(
-        validator=profiles.at_least(0, "0: no stop"),
-        default=0,
-        doc="> 0: stop after this RL step (an interruption, for resume checks)",
+    stop_after_step: int = profiles.count_field(
+        "> 0: stop after this RL step (an interruption, for resume checks)", meaning="0: no stop"
     )
 
 
@@ -224,7 +216,10 @@ def main(config: Config) -> dict:
                 groups = [played[g : g + size] for g in range(0, len(played), size)]
                 for k, episodes in enumerate(groups):  # one task's episodes, this step's policy
                     written.write_episodes(
-                        step=step, group=k, policy_version=step - 1, episodes=episodes
+                        step=step,
+                        group=k,
+                        policy_version=driver.sampling_version(step),
+                        episodes=episodes,
                     )
                 return groups, round(time.monotonic() - t0, 3)
 
@@ -255,7 +250,7 @@ def main(config: Config) -> dict:
                 t0 = time.monotonic()
                 groups, rollout_s = pending if pending is not None else collect(step)
                 pending = None
-                frame, stats = episode_frame(groups, pad_id, {"eps_clip": profile.rl.eps_clip})
+                frame, stats = episode_frame(groups, pad_id, profile.rl.loss_config())
                 result, _ = trainer.train_step(frame, learning_rate=profile.rl.learning_rate)
                 trainer.sync()
                 if step < rl_steps:  # the next step's episodes, on the policy just synced

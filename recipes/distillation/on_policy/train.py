@@ -30,7 +30,7 @@ import time
 import chz
 import torch
 
-from cortex_recipes import completions, frames, profiles, progress, raw_forward
+from cortex_recipes import completions, driver, frames, profiles, progress, raw_forward
 from cortex_recipes.distill import teacher as teacher_lib
 from cortex_recipes.distill.profile import OPDProfile, load_opd_profile
 from cortex_recipes.models import load_tokenizer
@@ -49,21 +49,14 @@ EVAL_SEED = 12345
 @chz.chz
 class Config(RunConfig):
     profile: str = profile_field(DEFAULT_PROFILE)
-    steps: int = chz.field(
-        validator=profiles.at_least(0, "0: the profile's steps"),
-        default=0,
-        doc="0: the profile's steps",
-    )
+    steps: int = profiles.count_field("0: the profile's steps")
     rollouts_rate: float = completions.rate_field()
-    ckpt_interval: int = chz.field(
-        validator=profiles.at_least(0, "0: none"),
-        default=0,
-        doc="> 0: a resumable save every this many steps (a resume point)",
+    ckpt_interval: int = profiles.count_field(
+        "> 0: a resumable save every this many steps (a resume point)", meaning="0: none"
     )
-    eval_interval: int = chz.field(
-        validator=profiles.at_least(0, "0: the profile's"),
-        default=0,
-        doc="> 0: evaluate every this many steps (and the last); 0: the profile's eval_interval",
+    eval_interval: int = profiles.count_field(
+        "> 0: evaluate every this many steps (and the last); 0: the profile's eval_interval",
+        meaning="0: the profile's",
     )
     teacher_run: str = chz.field(
         default="",
@@ -148,10 +141,187 @@ def step_advantages(scored, rewards: list[float] | None, group_size: int, config
     return advantages
 
 
+class OPD:
+    """On-policy distillation for :func:`cortex_recipes.driver.drive` (module docstring)."""
+
+    def __init__(self, config: Config, profile: OPDProfile, run, steps: int):
+        self.profile, self.run, self.steps = profile, run, steps
+        self.teacher_source = None
+        self.teacher_model = profile.teacher_model
+        if profile.teacher_sft:
+            self.teacher_source = teacher_sft.prepare(
+                profile.teacher_sft, profile.teacher_model,
+                connection=config.connection, run_dir=config.teacher_run,
+            )  # fmt: skip
+            self.teacher_model = self.teacher_source["model"]
+            log.info("teacher: %s (SFT %s, checkpoint %s)", self.teacher_model,
+                     profile.teacher_sft, self.teacher_source["checkpoint_id"])  # fmt: skip
+        self.tokenizer = tok = load_tokenizer(profile.student_model)
+        teacher_lib.check_same_tokenizer(tok, load_tokenizer(self.teacher_model))
+        self.prompt_ids = [chat_prompt_ids(tok, p) for p in profile.prompt_texts()]
+        self.eval_ids = [chat_prompt_ids(tok, p) for p in profile.eval_prompt_texts()]
+        self.pad_id = frames.pad_id(tok)
+        self.rng = random.Random(profile.seed)
+        self.written = completions.RolloutWriter(run.path, tok, rate=config.rollouts_rate)
+        self.params = {
+            "max_tokens": profile.max_tokens,
+            "temperature": profile.temperature,
+            "stop_token_ids": [tok.eos_token_id],
+        }
+        self.reward, self.group = profile.reward, profile.group_size
+        self.evals: list[dict] = []
+
+    def start(self, client, run) -> Trainer:
+        self.client = client
+        self.trainer = Trainer.start(
+            client, self.profile.sub_jobs(teacher=self.teacher_model), run,
+            weight_format=self.profile.weight_format,
+        )  # fmt: skip
+        self.job_id, self.teacher = self.trainer.job_id, self.trainer.sub_jobs["log_probability"]
+        self.fingerprints = [self.fingerprint()]
+        return self.trainer  # a resume loads and syncs it: the student sampler serves that policy
+
+    def restore(self, state: dict) -> None:
+        self.rng.setstate(_rng_state(state["rng"]))
+        self.evals = state["evals"]
+        self.fingerprints = [*state["teacher_fingerprints"], *self.fingerprints]
+        _check_frozen(self.fingerprints, "at the resume")
+
+    def begin(self) -> None:
+        # The trainer and the student sampler hold the same weights here, so scoring the
+        # sampler's own completions on the trainer through the teacher path must give back the
+        # sampler's logprobs: proof that teacher scores land on the tokens they score.
+        probe = rollout(
+            self.client, self.job_id, self.prompt_ids[:2],
+            {"max_tokens": self.profile.max_tokens, "temperature": 1.0, "seed": 424242},
+        )  # fmt: skip
+        self.alignment = teacher_lib.check_alignment(
+            self.client, self.job_id, self.trainer.sub_jobs["training"], probe, self.pad_id,
+            self.profile.alignment_tolerance,
+        )  # fmt: skip
+        log.info(
+            "alignment probe: %d tokens, forward vs sampler logprobs mean |diff| %.2e (max %.2e)",
+            self.alignment["positions"], self.alignment["mean_abs_diff"],
+            self.alignment["max_abs_diff"],
+        )  # fmt: skip
+        if not self.evals:
+            self.evals = [{"step": 0, **self.held_out()}]
+            log.info("eval before training: %s", _eval_line(self.evals[0]))
+
+    def step(self, step: int) -> dict:
+        profile, group, t0 = self.profile, self.group, time.time()
+        chosen = [
+            self.prompt_ids[self.rng.randrange(len(self.prompt_ids))]
+            for _ in range(profile.rollouts_per_step // group)
+        ]
+        batch = [p for p in chosen for _ in range(group)]  # each prompt's group together
+        step_seed = (profile.seed * 100_003 + step) * profile.rollouts_per_step
+        rollouts = rollout(self.client, self.job_id, batch, {**self.params, "seed": step_seed})
+        t_gen = time.time()
+        rewards = None
+        if self.reward is not None:
+            rewards = [
+                self.reward.score(self.tokenizer.decode(r.completion_ids, skip_special_tokens=True))
+                for r in rollouts
+            ]
+        scored = teacher_lib.score(self.client, self.job_id, self.teacher, rollouts, self.pad_id)
+        mask, behaviour = scored.loss_mask, scored.old_log_probs_shifted
+        reverse_kl = teacher_lib.reverse_kl_on_samples(
+            behaviour, scored.teacher_log_probs_shifted, mask
+        )
+        kls = per_row_kl(scored)
+        for g in range(len(chosen)):
+            rows = range(g * group, (g + 1) * group)
+            self.written.write_group(
+                step=step, group=g, policy_version=driver.sampling_version(step),
+                rollouts=[rollouts[i] for i in rows],
+                rewards=None if rewards is None else [rewards[i] for i in rows],
+                extras=[{"teacher_reverse_kl": kls[i]} for i in rows],
+            )  # fmt: skip
+        advantages = step_advantages(scored, rewards, group, profile.loss_config())
+        frame = frames.opd_frame(scored, advantages, profile.loss_config())
+        result, _ = self.trainer.train_step(frame)
+        self.trainer.sync()  # to the student sampler only; the teacher stays frozen
+        m = result["metrics"]
+        record = {
+            "teacher_reverse_kl": reverse_kl,
+            "teacher_term_token_count": m.get("teacher_term_token_count", 0.0),
+            "teacher_clipped_fraction": m.get("teacher_clipped_fraction", 0.0),
+            "teacher_advantage_sum": m.get("teacher_advantage_sum", 0.0),
+            "sampled_tokens": int(mask.sum()),
+            "loss": result["avg_loss"],
+            "clip_ratio": m.get("clip_ratio"),
+            "mismatch_kl/mean": m.get("approx_kl"),
+            "time/rollouts": round(t_gen - t0, 3),
+        }
+        if rewards is not None:
+            record["reward/mean"] = sum(rewards) / len(rewards)
+        return record
+
+    def evaluate(self, step: int) -> dict:
+        self.evals.append({"step": step, **self.held_out()})
+        keys = {"eval/teacher_reverse_kl": self.evals[-1]["teacher_reverse_kl"]}
+        if self.reward is not None:
+            keys["eval/accuracy"] = self.evals[-1]["accuracy"]
+        self.fingerprints.append(self.fingerprint())
+        _check_frozen(self.fingerprints, f"at step {step}")
+        log.info("eval at step %d: %s", step, _eval_line(self.evals[-1]))
+        return keys
+
+    def state(self) -> dict:
+        return {
+            "rng": self.rng.getstate(),
+            "evals": self.evals,
+            "teacher_fingerprints": self.fingerprints,
+        }
+
+    def describe(self, record: dict) -> str:
+        reward = "" if "reward/mean" not in record else f" reward {record['reward/mean']:.3f}"
+        return (
+            f"teacher reverse KL {record['teacher_reverse_kl']:.3f}{reward} "
+            f"teacher tokens {record['teacher_term_token_count']}"
+        )
+
+    def finish(self, client) -> dict:
+        self.fingerprints.append(self.fingerprint())
+        _check_frozen(self.fingerprints, "at the end")
+        saved = self.trainer.save_weights(self.steps)
+        client.cancel_job(self.job_id)
+        history, evals, has_reward = self.run.read_metrics(), self.evals, self.reward is not None
+        return {
+            "steps": self.steps,
+            "teacher_tau": self.profile.teacher_tau,
+            "teacher": self.teacher_source or {"model": self.profile.teacher_model},
+            "teacher_reverse_kl": [h["teacher_reverse_kl"] for h in history],
+            "rewards": [h["reward/mean"] for h in history] if has_reward else None,
+            "eval_steps": [e["step"] for e in evals],
+            "eval_teacher_reverse_kl": [e["teacher_reverse_kl"] for e in evals],
+            "eval_accuracy": [e["accuracy"] for e in evals] if has_reward else None,
+            "eval_items": {"first": evals[0]["items"], "last": evals[-1]["items"]},
+            "eval_examples": {"first": evals[0].get("examples"), "last": evals[-1].get("examples")},
+            "eval_prompts": len(self.eval_ids),
+            "teacher_tokens": [h["teacher_term_token_count"] for h in history],
+            "losses": [h["loss"] for h in history],
+            "teacher_fingerprint": self.fingerprints[0],
+            # at the start, every eval, any resume, the end
+            "teacher_fingerprints": self.fingerprints,
+            "teacher_frozen": len(set(self.fingerprints)) == 1,
+            "alignment": self.alignment,
+            "checkpoint_id": saved["checkpoint_id"],
+        }
+
+    def fingerprint(self) -> str:
+        return teacher_fingerprint(self.client, self.job_id, self.teacher, self.prompt_ids[0])
+
+    def held_out(self) -> dict:
+        return evaluate(
+            self.client, self.job_id, self.teacher, self.eval_ids, self.params, self.pad_id,
+            self.tokenizer, self.reward,
+        )  # fmt: skip
+
+
 def main(config: Config) -> dict:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    driver.start_logging()
     profile = load_opd_profile(config.profile, config.overrides)
     steps = config.steps or profile.steps
     if profile.teacher_sft:  # fail before anything is trained or written
@@ -159,169 +329,13 @@ def main(config: Config) -> dict:
     run = config.open_run("opd", profile)
     if run.finished:
         return run.finished
-
-    teacher_source = None
-    teacher_model = profile.teacher_model
-    if profile.teacher_sft:
-        teacher_source = teacher_sft.prepare(
-            profile.teacher_sft, profile.teacher_model,
-            connection=config.connection, run_dir=config.teacher_run,
-        )  # fmt: skip
-        teacher_model = teacher_source["model"]
-        log.info("teacher: %s (SFT %s, checkpoint %s)", teacher_model,
-                 profile.teacher_sft, teacher_source["checkpoint_id"])  # fmt: skip
-    student_tok = load_tokenizer(profile.student_model)
-    teacher_lib.check_same_tokenizer(student_tok, load_tokenizer(teacher_model))
-    prompt_ids = [chat_prompt_ids(student_tok, p) for p in profile.prompt_texts()]
-    eval_ids = [chat_prompt_ids(student_tok, p) for p in profile.eval_prompt_texts()]
-    pad_id = frames.pad_id(student_tok)
-    rng = random.Random(profile.seed)
-    written = completions.RolloutWriter(run.path, student_tok, rate=config.rollouts_rate)
-    started = time.time()
-    params = {
-        "max_tokens": profile.max_tokens,
-        "temperature": profile.temperature,
-        "stop_token_ids": [student_tok.eos_token_id],
-    }
-    reward, group = profile.reward, profile.group_size
-
-    def run_eval() -> dict:
-        return evaluate(client, job_id, teacher, eval_ids, params, pad_id, student_tok, reward)
-
-    with run.connect(config.connection) as client:
-        trainer = Trainer.start(
-            client, profile.sub_jobs(teacher=teacher_model), run,
-            weight_format=profile.weight_format,
-        )  # fmt: skip
-        job_id, teacher = trainer.job_id, trainer.sub_jobs["log_probability"]
-        fingerprints = [teacher_fingerprint(client, job_id, teacher, prompt_ids[0])]
-        if run.resume:
-            trainer.load(run.resume)  # and sync: the student sampler serves the resumed policy
-            rng.setstate(_rng_state(run.resume["rng"]))
-            evals = run.resume["evals"]
-            fingerprints = [*run.resume["teacher_fingerprints"], *fingerprints]
-            _check_frozen(fingerprints, "at the resume")
-        # The trainer and the student sampler hold the same weights here, so scoring the
-        # sampler's own completions on the trainer through the teacher path must give back the
-        # sampler's logprobs: proof that teacher scores land on the tokens they score.
-        probe = rollout(
-            client, job_id, prompt_ids[:2],
-            {"max_tokens": profile.max_tokens, "temperature": 1.0, "seed": 424242},
-        )  # fmt: skip
-        alignment = teacher_lib.check_alignment(
-            client, job_id, trainer.sub_jobs["training"], probe, pad_id,
-            profile.alignment_tolerance,
-        )  # fmt: skip
-        log.info(
-            "alignment probe: %d tokens, forward vs sampler logprobs mean |diff| %.2e (max %.2e)",
-            alignment["positions"], alignment["mean_abs_diff"], alignment["max_abs_diff"],
-        )  # fmt: skip
-        if not run.resume:
-            evals = [{"step": 0, **run_eval()}]
-            log.info("eval before training: %s", _eval_line(evals[0]))
-
-        run.track_steps(steps)
-        for step in range((run.resumed_from_step or 0) + 1, steps + 1):
-            t0 = time.time()
-            chosen = [
-                prompt_ids[rng.randrange(len(prompt_ids))]
-                for _ in range(profile.rollouts_per_step // group)
-            ]
-            batch = [p for p in chosen for _ in range(group)]  # each prompt's group together
-            step_seed = (profile.seed * 100_003 + step) * profile.rollouts_per_step
-            rollouts = rollout(client, job_id, batch, {**params, "seed": step_seed})
-            t_gen = time.time()
-            rewards = None
-            if reward is not None:
-                rewards = [
-                    reward.score(student_tok.decode(r.completion_ids, skip_special_tokens=True))
-                    for r in rollouts
-                ]
-            scored = teacher_lib.score(client, job_id, teacher, rollouts, pad_id)
-            mask, behaviour = scored.loss_mask, scored.old_log_probs_shifted
-            teacher_scores = scored.teacher_log_probs_shifted
-            reverse_kl = teacher_lib.reverse_kl_on_samples(behaviour, teacher_scores, mask)
-            kls = per_row_kl(scored)
-            for g in range(len(chosen)):
-                rows = range(g * group, (g + 1) * group)
-                written.write_group(
-                    step=step, group=g, policy_version=step - 1,
-                    rollouts=[rollouts[i] for i in rows],
-                    rewards=None if rewards is None else [rewards[i] for i in rows],
-                    extras=[{"teacher_reverse_kl": kls[i]} for i in rows],
-                )  # fmt: skip
-            advantages = step_advantages(scored, rewards, group, profile.grpo_config())
-            frame = frames.opd_frame(scored, advantages, profile.grpo_config())
-            result, _ = trainer.train_step(frame)
-            trainer.sync()  # to the student sampler only; the teacher stays frozen
-            m = result["metrics"]
-            record = {
-                "step": step,
-                "teacher_reverse_kl": reverse_kl,
-                "teacher_term_token_count": m.get("teacher_term_token_count", 0.0),
-                "teacher_clipped_fraction": m.get("teacher_clipped_fraction", 0.0),
-                "teacher_advantage_sum": m.get("teacher_advantage_sum", 0.0),
-                "sampled_tokens": int(mask.sum()),
-                "loss": result["avg_loss"],
-                "clip_ratio": m.get("clip_ratio"),
-                "mismatch_kl/mean": m.get("approx_kl"),
-                "time/rollouts": round(t_gen - t0, 3),
-                "time/step": round(time.time() - t0, 3),
-            }
-            if rewards is not None:
-                record["reward/mean"] = sum(rewards) / len(rewards)
-            if step % (config.eval_interval or profile.eval_interval) == 0 or step == steps:
-                evals.append({"step": step, **run_eval()})
-                record["eval/teacher_reverse_kl"] = evals[-1]["teacher_reverse_kl"]
-                if reward is not None:
-                    record["eval/accuracy"] = evals[-1]["accuracy"]
-                fingerprints.append(teacher_fingerprint(client, job_id, teacher, prompt_ids[0]))
-                _check_frozen(fingerprints, f"at step {step}")
-                log.info("eval at step %d: %s", step, _eval_line(evals[-1]))
-            run.metrics(**record)
-            if config.ckpt_interval and step % config.ckpt_interval == 0 and step < steps:
-                trainer.save_resumable(
-                    step,
-                    {"rng": rng.getstate(), "evals": evals, "teacher_fingerprints": fingerprints},
-                )  # fmt: skip
-            log.info(
-                "step %d/%d teacher reverse KL %.3f%s teacher tokens %d",
-                step, steps, reverse_kl,
-                "" if rewards is None else f" reward {record['reward/mean']:.3f}",
-                record["teacher_term_token_count"],
-            )  # fmt: skip
-
-        fingerprints.append(teacher_fingerprint(client, job_id, teacher, prompt_ids[0]))
-        _check_frozen(fingerprints, "at the end")
-        saved = trainer.save_weights(steps)
-        client.cancel_job(job_id)
-
-    history = run.read_metrics()
-    summary = {
-        "profile": profile.name,
-        "config_hash": profile.config_hash,
-        "steps": steps,
-        "teacher_tau": profile.teacher_tau,
-        "teacher": teacher_source or {"model": profile.teacher_model},
-        "teacher_reverse_kl": [h["teacher_reverse_kl"] for h in history],
-        "rewards": [h["reward/mean"] for h in history] if reward is not None else None,
-        "eval_steps": [e["step"] for e in evals],
-        "eval_teacher_reverse_kl": [e["teacher_reverse_kl"] for e in evals],
-        "eval_accuracy": [e["accuracy"] for e in evals] if reward is not None else None,
-        "eval_items": {"first": evals[0]["items"], "last": evals[-1]["items"]},
-        "eval_examples": {"first": evals[0].get("examples"), "last": evals[-1].get("examples")},
-        "eval_prompts": len(eval_ids),
-        "teacher_tokens": [h["teacher_term_token_count"] for h in history],
-        "losses": [h["loss"] for h in history],
-        "teacher_fingerprint": fingerprints[0],
-        "teacher_fingerprints": fingerprints,  # at the start, every eval, any resume, the end
-        "teacher_frozen": len(set(fingerprints)) == 1,
-        "alignment": alignment,
-        "checkpoint_id": saved["checkpoint_id"],
-        "resumed_from_step": run.resumed_from_step,
-        "wall_time_s": round(time.time() - started, 1),
-    }
-    return run.summary(summary)
+    algorithm = OPD(config, profile, run, steps)
+    schedule = driver.Schedule(
+        steps,
+        eval_every=config.eval_interval or profile.eval_interval,
+        ckpt_every=config.ckpt_interval,
+    )
+    return driver.drive(run, config.connection, algorithm, schedule, profile_name=profile.name)
 
 
 def _eval_line(result: dict) -> str:

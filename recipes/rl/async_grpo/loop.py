@@ -439,22 +439,10 @@ def _train(client, profile, run, *, prime: Path, work: Path, output_dir: Path, m
     interval = ckpt_interval(profile)
     recorder = RunRecorder(run, output_dir, interval=interval, max_steps=max_steps, state=state,
                            evaluate_last=evaluate_last)  # fmt: skip
-    adapter = InferenceAdapter(
-        client, job_id, model=str(model_dir), max_model_len=profile.max_seq_len,
-        output_dir=output_dir, weight_format=profile.weight_format, base_seed=profile.seed,
+    adapter, trainer = adapters(
+        client, job_id, profile, output_dir, max_steps=max_steps, pad_id=pad_id,
+        learning_rate=profile.trainer.learning_rate, on_step=recorder,
     )  # fmt: skip
-    trainer = TrainerAdapter(
-        client,
-        TrainerAdapterConfig(
-            output_dir=output_dir,
-            job_id=job_id,
-            max_steps=max_steps,
-            pad_id=pad_id,
-            loss_config=profile.loss_config(),
-            learning_rate=profile.trainer.learning_rate,
-            on_step=recorder,
-        ),  # fmt: skip
-    )
     # Before prime-rl starts: the version it syncs first must be live in this job already.
     version = trainer.start()
     if version != (resume_step or 0):
@@ -546,6 +534,30 @@ def _train(client, profile, run, *, prime: Path, work: Path, output_dir: Path, m
         raise RuntimeError(f"the trainer adapter did not finish; see {work}")
     overlap = overlap_fraction(trainer.train_intervals, adapter.generation_intervals)
     return dict(adapter.counters), overlap
+
+
+def adapters(client, job_id: str, profile, output_dir: Path, *, max_steps: int, pad_id: int,
+             learning_rate: float, **trainer_options: Any) -> tuple[InferenceAdapter, TrainerAdapter]:  # fmt: skip
+    """The two adapters prime-rl talks to, on ``job_id``'s sampler and trainer: the inference
+    adapter (its vLLM server) and the trainer adapter (its trainer), both over ``output_dir``."""
+    inference = InferenceAdapter(
+        client, job_id, model=str(resolve_model_path(profile.model)),
+        max_model_len=profile.max_seq_len, output_dir=output_dir,
+        weight_format=profile.weight_format, base_seed=profile.seed,
+    )  # fmt: skip
+    trainer = TrainerAdapter(
+        client,
+        TrainerAdapterConfig(
+            output_dir=output_dir,
+            job_id=job_id,
+            max_steps=max_steps,
+            pad_id=pad_id,
+            loss_config=profile.loss_config(),
+            learning_rate=learning_rate,
+            **trainer_options,
+        ),  # fmt: skip
+    )
+    return inference, trainer
 
 
 def backend_lost(client, job_id: str) -> BaseException | None:

@@ -101,9 +101,8 @@ def sync(base: str, output_dir: Path, version: int) -> dict:
 
 def replay(config: Config, profile: GRPOProfile) -> dict:
     from cortex_recipes.primerl import broadcasts
-    from cortex_recipes.primerl.inference import InferenceAdapter
-    from cortex_recipes.primerl.trainer import TrainerAdapter, TrainerAdapterConfig
     from cortex_recipes.tito.gateway import Gateway
+    from recipes.rl.async_grpo.loop import adapters
 
     steps = sorted(int(p.parent.name.removeprefix("step_")) for p in RECORDED.glob("*/rank_0.bin"))
     if steps != list(range(1, len(steps) + 1)) or not steps:
@@ -122,22 +121,11 @@ def replay(config: Config, profile: GRPOProfile) -> dict:
             client, profile.sub_jobs(), run, weight_format=profile.weight_format
         )
         job_id = trainer_job.job_id
-        adapter = InferenceAdapter(
-            client, job_id, model=str(model_dir), max_model_len=profile.max_seq_len,
-            output_dir=output_dir, weight_format=profile.weight_format, base_seed=profile.seed,
+        adapter, trainer = adapters(
+            client, job_id, profile, output_dir, max_steps=len(steps),
+            pad_id=frames.pad_id(tokenizer), learning_rate=config.replay_learning_rate,
+            poll_s=0.05,
         )  # fmt: skip
-        trainer = TrainerAdapter(
-            client,
-            TrainerAdapterConfig(
-                output_dir=output_dir,
-                job_id=job_id,
-                max_steps=len(steps),
-                pad_id=frames.pad_id(tokenizer),
-                loss_config=profile.loss_config(),
-                learning_rate=config.replay_learning_rate,
-                poll_s=0.05,
-            ),  # fmt: skip
-        )
         with Gateway(adapter.app) as gateway:
             base = gateway.base_url.removesuffix("/v1")
             if trainer.start() != 0:

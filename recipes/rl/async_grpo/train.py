@@ -41,15 +41,9 @@ DEFAULT_PROFILE = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
 @chz.chz
 class Config(RunConfig):
     profile: str = profile_field(DEFAULT_PROFILE)
-    max_steps: int = chz.field(
-        validator=profiles.at_least(0, "0: the profile's max_steps"),
-        default=0,
-        doc="0: the profile's max_steps",
-    )
-    max_reconnects: int = chz.field(
-        validator=profiles.at_least(0, ""),
-        default=3,
-        doc="reconnects after a lost backend before the run gives up",
+    max_steps: int = profiles.count_field("0: the profile's max_steps")
+    max_reconnects: int = profiles.count_field(
+        "reconnects after a lost backend before the run gives up", default=3, meaning=""
     )
 
 

@@ -26,7 +26,7 @@ import time
 
 import chz
 
-from cortex_recipes import completions, frames, profiles
+from cortex_recipes import completions, driver, frames, profiles
 from cortex_recipes.models import load_tokenizer
 from cortex_recipes.profiles import ProfileError
 from cortex_recipes.rl.grpo import ScoredGroup, greedy_eval, group_seed, grpo_frame, task_order
@@ -43,139 +43,140 @@ DEFAULT_PROFILE = "recipes/rl/math_grpo/configs/local-cpu-smollm2-lora.json"
 @chz.chz
 class Config(RunConfig):
     profile: str = profile_field(DEFAULT_PROFILE)
-    max_steps: int = chz.field(
-        validator=profiles.at_least(0, "0: the profile's max_steps"),
-        default=0,
-        doc="0: the profile's max_steps",
-    )
+    max_steps: int = profiles.count_field("0: the profile's max_steps")
     rollouts_rate: float = completions.rate_field()
     env_latency_s: float = chz.field(default=-1.0, doc="< 0: the profile's env.latency_s")
 
 
+class MathGRPO:
+    """Synchronous GRPO for :func:`cortex_recipes.driver.drive`: each step samples, scores,
+    trains and syncs, in that order; a greedy eval before the first step and on the profile's
+    eval steps."""
+
+    def __init__(self, config: Config, profile: GRPOProfile, run):
+        self.profile = profile
+        self.tokenizer = load_tokenizer(profile.model)
+        self.pad_id = frames.pad_id(self.tokenizer)
+        self.env, self.eval_env = profile.envs()
+        self.order = task_order(profile.env.seed, self.env.size)
+        self.latency = config.env_latency_s if config.env_latency_s >= 0 else profile.env.latency_s
+        self.written = completions.RolloutWriter(
+            run.path, self.tokenizer, rate=config.rollouts_rate
+        )
+        self.run = run
+        self.evals: list[dict] = []
+
+    def start(self, client, run) -> Trainer:
+        self.client = client
+        self.trainer = Trainer.start(
+            client, self.profile.sub_jobs(), run, weight_format=self.profile.weight_format
+        )
+        return self.trainer  # a resume loads and syncs it: the sampler serves that policy
+
+    def restore(self, state: dict) -> None:
+        self.evals = state["evals"]
+
+    def begin(self) -> None:
+        if not self.evals:
+            self.evals.append({"step": 0, **self.greedy()})
+
+    def step(self, step: int) -> dict:
+        profile, env, t0 = self.profile, self.env, time.monotonic()
+        # 1. Sample: group g of the run is task order[g], every rollout with its own seed.
+        first = (step - 1) * profile.groups_per_step
+        tasks = [
+            env.task(self.order[(first + g) % env.size]) for g in range(profile.groups_per_step)
+        ]
+        prompts, rows = [], []
+        for g, task in enumerate(tasks):
+            prompt = chat_prompt_ids(self.tokenizer, env.prompt(task))
+            seed = group_seed(profile.seed, first + g, profile.group_size)
+            for i in range(profile.group_size):
+                prompts.append(prompt)
+                rows.append({**profile.sampling_params(), "logprobs": 0, "seed": seed + i})
+        job_id = self.trainer.job_id
+        rollouts = rollouts_from_results(prompts, generate(self.client, job_id, prompts, rows))
+        # 2. Score: reasoning-gym's scorer; group-relative advantages happen in the frame.
+        groups = []
+        for g, task in enumerate(tasks):
+            group = rollouts[g * profile.group_size : (g + 1) * profile.group_size]
+            texts = [
+                self.tokenizer.decode(r.completion_ids, skip_special_tokens=True) for r in group
+            ]
+            groups.append(ScoredGroup(task.index, group, [env.score(task, t) for t in texts]))
+        for g, group in enumerate(groups):
+            self.written.write_group(
+                step=step, group=g, policy_version=driver.sampling_version(step),
+                rollouts=group.rollouts, rewards=group.rewards,
+            )  # fmt: skip
+        if self.latency:
+            time.sleep(self.latency)  # the verifier scores all groups of the step concurrently
+        t_sampled = time.monotonic()
+        # 3-5. Train on the batch, step, and put the new weights on the sampler.
+        frame, stats = grpo_frame(groups, self.pad_id, profile.loss_config())
+        result, _ = self.trainer.train_step(frame)
+        self.trainer.sync()
+        return {
+            "loss": result["avg_loss"],
+            **stats,
+            "policy_version": driver.trained_version(step),
+            "mismatch_kl/mean": result["metrics"].get("approx_kl"),
+            "time/rollouts": round(t_sampled - t0, 3),
+            "time/train": round(time.monotonic() - t_sampled, 3),
+        }
+
+    def evaluate(self, step: int) -> dict:
+        self.evals.append({"step": step, **self.greedy()})
+        return {"eval/accuracy": self.evals[-1]["accuracy"]}
+
+    def greedy(self) -> dict:
+        return greedy_eval(
+            self.client, self.trainer.job_id, self.tokenizer, self.eval_env,
+            self.profile.eval_max_tokens,
+        )  # fmt: skip
+
+    def state(self) -> dict:
+        return {"evals": self.evals}
+
+    def describe(self, record: dict) -> str:
+        return (
+            f"reward {record['reward/mean']:.3f} loss {record['loss']:.4f} "
+            f"eval {record.get('eval/accuracy', '-')}"
+        )
+
+    def finish(self, client) -> dict:
+        client.cancel_job(self.trainer.job_id)
+        history = self.run.read_metrics()
+        return {
+            "steps": [h["step"] for h in history],
+            "rewards": [h["reward/mean"] for h in history],
+            "losses": [h["loss"] for h in history],
+            "eval_accuracy": [
+                {"step": e["step"], "accuracy": e["accuracy"], "correct": e.get("correct")}
+                for e in self.evals
+            ],
+        }
+
+
 def main(config: Config) -> dict:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    driver.start_logging()
     profile = load_grpo_profile(config.profile, config.overrides)
     if profile.is_async:
         raise ProfileError(
             f"{config.profile} sets orchestrator.max_off_policy_steps: asynchronous profiles "
             "belong to recipes/rl/async_grpo"
         )
-    max_steps = config.max_steps or profile.max_steps
-    latency = config.env_latency_s if config.env_latency_s >= 0 else profile.env.latency_s
-    ckpt_interval = profile.ckpt.interval if profile.ckpt else 0  # 0: after the last step only
     run = config.open_run("math_grpo", profile)
     if run.finished:
         return run.finished
-    tokenizer = load_tokenizer(profile.model)
-    pad_id = frames.pad_id(tokenizer)
-    env, eval_env = profile.envs()
-    order = task_order(profile.env.seed, env.size)
-    evals = run.resume["evals"] if run.resume else []
-    written = completions.RolloutWriter(run.path, tokenizer, rate=config.rollouts_rate)
-    started = time.monotonic()
-
-    with run.connect(config.connection) as client:
-        trainer = Trainer.start(
-            client, profile.sub_jobs(), run, weight_format=profile.weight_format
-        )
-        job_id = trainer.job_id
-        if run.resume:
-            trainer.load(run.resume)  # and sync: the sampler serves the resumed policy
-        if not evals:
-            evals.append(
-                {
-                    "step": 0,
-                    **greedy_eval(client, job_id, tokenizer, eval_env, profile.eval_max_tokens),
-                }
-            )
-
-        loop_started = time.monotonic()
-        run.track_steps(max_steps)
-        for step in range((run.resumed_from_step or 0) + 1, max_steps + 1):
-            t0 = time.monotonic()
-            # 1. Sample: group g of the run is task order[g], every rollout with its own seed.
-            first = (step - 1) * profile.groups_per_step
-            tasks = [
-                env.task(order[(first + g) % env.size]) for g in range(profile.groups_per_step)
-            ]
-            prompts, rows = [], []
-            for g, task in enumerate(tasks):
-                prompt = chat_prompt_ids(tokenizer, env.prompt(task))
-                seed = group_seed(profile.seed, first + g, profile.group_size)
-                for i in range(profile.group_size):
-                    prompts.append(prompt)
-                    rows.append({**profile.sampling_params(), "logprobs": 0, "seed": seed + i})
-            rollouts = rollouts_from_results(prompts, generate(client, job_id, prompts, rows))
-            # 2. Score: reasoning-gym's scorer; group-relative advantages happen in the frame.
-            groups = []
-            for g, task in enumerate(tasks):
-                group = rollouts[g * profile.group_size : (g + 1) * profile.group_size]
-                texts = [
-                    tokenizer.decode(r.completion_ids, skip_special_tokens=True) for r in group
-                ]
-                groups.append(ScoredGroup(task.index, group, [env.score(task, t) for t in texts]))
-            for g, group in enumerate(groups):  # synchronous: sampled by the previous step's policy
-                written.write_group(
-                    step=step, group=g, policy_version=step - 1,
-                    rollouts=group.rollouts, rewards=group.rewards,
-                )  # fmt: skip
-            if latency:
-                time.sleep(latency)  # the verifier scores all groups of the step concurrently
-            t_sampled = time.monotonic()
-            # 3-5. Train on the batch, step, and put the new weights on the sampler.
-            frame, stats = grpo_frame(groups, pad_id, profile.loss_config())
-            result, _ = trainer.train_step(frame)
-            trainer.sync()
-            record = {
-                "step": step,
-                "loss": result["avg_loss"],
-                **stats,
-                "policy_version": step,
-                "mismatch_kl/mean": result["metrics"].get("approx_kl"),
-                "time/rollouts": round(t_sampled - t0, 3),
-                "time/train": round(time.monotonic() - t_sampled, 3),
-                "time/step": round(time.monotonic() - t0, 3),
-            }
-            if step % profile.eval.interval == 0 or step == max_steps:
-                evals.append(
-                    {
-                        "step": step,
-                        **greedy_eval(client, job_id, tokenizer, eval_env, profile.eval_max_tokens),
-                    }
-                )
-                record["eval/accuracy"] = evals[-1]["accuracy"]
-            if (ckpt_interval and step % ckpt_interval == 0) or step == max_steps:
-                record["time/save_ckpt"] = trainer.save_resumable(step, {"evals": evals})
-            run.metrics(**record)
-            log.info(
-                "step %d/%d reward %.3f loss %.4f eval %s",
-                step,
-                max_steps,
-                stats["reward/mean"],
-                record["loss"],
-                record.get("eval/accuracy", "-"),
-            )
-        loop_s = time.monotonic() - loop_started
-        client.cancel_job(job_id)
-
-    history = run.read_metrics()
-    return run.summary(
-        {
-            "profile": profile.name,
-            "config_hash": profile.config_hash,
-            "steps": [h["step"] for h in history],
-            "rewards": [h["reward/mean"] for h in history],
-            "losses": [h["loss"] for h in history],
-            "eval_accuracy": [
-                {"step": e["step"], "accuracy": e["accuracy"], "correct": e.get("correct")}
-                for e in evals
-            ],
-            "resumed_from_step": run.resumed_from_step,
-            "loop_time_s": round(loop_s, 2),
-            "wall_time_s": round(time.monotonic() - started, 1),
-        }
+    schedule = driver.Schedule(
+        config.max_steps or profile.max_steps,
+        eval_every=profile.eval.interval,
+        ckpt_every=profile.ckpt.interval if profile.ckpt else 0,
+        ckpt_last=True,
+    )
+    return driver.drive(
+        run, config.connection, MathGRPO(config, profile, run), schedule, profile_name=profile.name
     )
 
 

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 
 import chz
 
-from cortex_recipes import frames, loglik, profiles, sft
+from cortex_recipes import driver, frames, loglik, profiles, sft
 from cortex_recipes.models import load_tokenizer
 from cortex_recipes.run import RunConfig, profile_field
 from cortex_recipes.sampling import greedy_answers
@@ -38,15 +37,9 @@ DEFAULT_PROFILE = "recipes/sft/conversational/configs/local-cpu-smollm2-lora.jso
 @chz.chz
 class Config(RunConfig):
     profile: str = profile_field(DEFAULT_PROFILE)
-    steps: int = chz.field(
-        validator=profiles.at_least(0, "0: the profile's steps"),
-        default=0,
-        doc="0: the profile's steps",
-    )
-    ckpt_interval: int = chz.field(
-        validator=profiles.at_least(0, "0: none"),
-        default=0,
-        doc="> 0: a resumable save every this many steps (a resume point)",
+    steps: int = profiles.count_field("0: the profile's steps")
+    ckpt_interval: int = profiles.count_field(
+        "> 0: a resumable save every this many steps (a resume point)", meaning="0: none"
     )
     legacy_labels: bool = chz.field(
         default=False, doc="compatibility only: model-side loss from labels (no weights)"
@@ -73,124 +66,137 @@ def evaluate(client, profile: sft.SFTProfile, tokenizer, job_id: str) -> dict:
     }
 
 
+class SFT:
+    """The SFT algorithm for :func:`cortex_recipes.driver.drive`: greedy answers before
+    training (on the base model, in a job of their own), optionally the held-out
+    log-likelihood of the weight comparison's answers on the trainer, one weighted
+    ``causal_cross_entropy`` step a batch, then a weights-only save and the answers again from
+    that checkpoint."""
+
+    def __init__(self, config: Config, profile: sft.SFTProfile, steps: int):
+        self.profile, self.steps = profile, steps
+        self.tokenizer = load_tokenizer(profile.model_name)
+        self.renderer = make_renderer(self.tokenizer, profile.renderer)
+        conversations = profile.conversations()
+        self.comparison = profile.eval.weight_comparison if profile.eval else None
+        if self.comparison:
+            self.comparison.check_data(conversations)
+        self.examples = [
+            render_supervised(messages, self.tokenizer, self.renderer, profile.train_on_what)
+            for messages in conversations
+        ]
+        self.pad_id = frames.pad_id(self.tokenizer)
+        self.frame = frames.legacy_labels_frame if config.legacy_labels else frames.sft_frame
+        self.batches = sft.batches(len(self.examples), profile.batch_size, steps, profile.seed)
+        self.losses: list[float] = []
+        self.eval_before: dict | None = None
+        self.loglik_before: dict | None = None
+
+    def start(self, client, run) -> Trainer:
+        self.client = client
+        if self.profile.eval and self.eval_before is None and not run.resume:
+            self.eval_before = self.answers(self.profile.sampling_sub_job())
+        self.trainer = Trainer.start(client, [self.profile.training_sub_job()], run)
+        return self.trainer
+
+    def restore(self, state: dict) -> None:
+        self.losses = state["losses"]
+        self.eval_before, self.loglik_before = state["eval_before"], state.get("loglik_before")
+
+    def begin(self) -> None:
+        if self.comparison and self.loglik_before is None:
+            self.loglik_before = self.score()  # the trainer before its first step
+
+    def step(self, step: int) -> dict:
+        batch = collate(
+            [self.examples[i] for i in self.batches[step - 1]],
+            pad_id=self.pad_id, max_seq_len=self.profile.max_seq_len,
+        )  # fmt: skip
+        result, stepped = self.trainer.train_step(self.frame(batch))
+        self.losses.append(result["avg_loss"])
+        return {
+            "loss": result["avg_loss"],
+            "supervised_tokens": int((batch.loss_mask > 0).sum()),
+            "loss_weight_sum": float(batch.loss_mask.sum()),
+            "dropped_examples": batch.n_dropped,
+            "truncated_examples": batch.n_truncated,
+            "grad_norm": stepped.get("grad_norm"),
+            "lr": stepped.get("last_lr"),
+        }
+
+    def evaluate(self, step: int) -> dict:
+        return {}  # the answers are compared before and after the run, in finish()
+
+    def state(self) -> dict:
+        return {
+            "losses": self.losses,
+            "eval_before": self.eval_before,
+            "loglik_before": self.loglik_before,
+        }
+
+    def describe(self, record: dict) -> str:
+        return f"loss {record['loss']:.4f}"
+
+    def finish(self, client) -> dict:
+        loglik_after = self.score() if self.comparison else None
+        saved = self.trainer.save_weights(self.steps)
+        client.cancel_job(self.trainer.job_id)
+        summary: dict = {"steps": self.steps}
+        if self.profile.eval:
+            summary["eval_before"] = self.eval_before
+            source = {"checkpoint_id": saved["checkpoint_id"], "source_job_id": self.trainer.job_id}
+            summary["eval_after"] = self.answers(
+                self.profile.sampling_sub_job(source_checkpoint_info=source)
+            )
+        if self.comparison:
+            summary["weight_comparison"] = self.compared(loglik_after)
+        return {
+            **summary,
+            "losses": self.losses,
+            "final_loss": self.losses[-1],
+            "checkpoint_id": saved["checkpoint_id"],
+        }
+
+    def answers(self, sampling_sub_job) -> dict:
+        """The profile's greedy eval on a job of its own (the base model or a checkpoint)."""
+        job_id = self.client.create_job([sampling_sub_job])
+        self.client.wait_for_job(job_id)
+        result = evaluate(self.client, self.profile, self.tokenizer, job_id)
+        self.client.cancel_job(job_id)
+        return result
+
+    def score(self) -> dict:
+        return loglik.score_comparison(
+            self.client, self.trainer.job_id, self.trainer.sub_jobs["training"], self.tokenizer,
+            self.renderer, self.comparison,
+        )  # fmt: skip
+
+    def compared(self, loglik_after: dict) -> dict:
+        compared = loglik.compare_weights(
+            self.loglik_before, loglik_after,
+            full_weight=self.comparison.full.weight, down_weight=self.comparison.down.weight,
+        )  # fmt: skip
+        diff = compared["gain_difference"]
+        log.info(
+            "held-out log-likelihood gain: full %.3f, down-weighted %.3f, "
+            "difference %.3f [%.3f, %.3f]",
+            compared["full_gain"]["value"], compared["down_gain"]["value"],
+            diff["value"], diff["low"], diff["high"],
+        )  # fmt: skip
+        return compared
+
+
 def main(config: Config) -> dict:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    driver.start_logging()
     profile = sft.load_profile(config.profile, config.overrides)
     steps = config.steps or profile.steps
     run = config.open_run("sft", profile)
     if run.finished:
         return run.finished
-
-    tokenizer = load_tokenizer(profile.model_name)
-    renderer = make_renderer(tokenizer, profile.renderer)
-    conversations = profile.conversations()
-    comparison = profile.eval.weight_comparison if profile.eval else None
-    if comparison:
-        comparison.check_data(conversations)
-    examples = [
-        render_supervised(messages, tokenizer, renderer, profile.train_on_what)
-        for messages in conversations
-    ]
-    pad_id = frames.pad_id(tokenizer)
-    frame = frames.legacy_labels_frame if config.legacy_labels else frames.sft_frame
-    state = run.resume or {"losses": [], "eval_before": None, "loglik_before": None}
-    losses = state["losses"]
-    started = time.time()
-
-    with run.connect(config.connection) as client:
-        if profile.eval and state["eval_before"] is None:
-            job_id = client.create_job([profile.sampling_sub_job()])
-            client.wait_for_job(job_id)
-            state["eval_before"] = evaluate(client, profile, tokenizer, job_id)
-            client.cancel_job(job_id)
-
-        trainer = Trainer.start(client, [profile.training_sub_job()], run)
-        if run.resume:
-            trainer.load(run.resume)
-        run.track_steps(steps)
-
-        def score() -> dict:
-            return loglik.score_comparison(
-                client, trainer.job_id, trainer.sub_jobs["training"], tokenizer, renderer,
-                comparison,
-            )  # fmt: skip
-
-        if comparison and state.get("loglik_before") is None:
-            state["loglik_before"] = score()  # the trainer before its first step
-        for step, indices in enumerate(
-            sft.batches(len(examples), profile.batch_size, steps, profile.seed), start=1
-        ):
-            if step <= len(losses):
-                continue  # trained before the checkpoint this run resumed from
-            t0 = time.time()
-            batch = collate(
-                [examples[i] for i in indices], pad_id=pad_id, max_seq_len=profile.max_seq_len
-            )
-            result, stepped = trainer.train_step(frame(batch))
-            losses.append(result["avg_loss"])
-            run.metrics(
-                step=step,
-                loss=result["avg_loss"],
-                supervised_tokens=int((batch.loss_mask > 0).sum()),
-                loss_weight_sum=float(batch.loss_mask.sum()),
-                dropped_examples=batch.n_dropped,
-                truncated_examples=batch.n_truncated,
-                grad_norm=stepped.get("grad_norm"),
-                lr=stepped.get("last_lr"),
-                **{"time/step": round(time.time() - t0, 3)},
-            )
-            log.info("step %d/%d loss %.4f", step, steps, result["avg_loss"])
-            if config.ckpt_interval and step % config.ckpt_interval == 0 and step < steps:
-                trainer.save_resumable(
-                    step,
-                    {
-                        "losses": losses,
-                        "eval_before": state["eval_before"],
-                        "loglik_before": state.get("loglik_before"),
-                    },
-                )
-        loglik_after = score() if comparison else None
-        saved = trainer.save_weights(steps)
-        client.cancel_job(trainer.job_id)
-
-        summary: dict = {
-            "profile": profile.name,
-            "config_hash": profile.config_hash,
-            "steps": steps,
-        }
-        if profile.eval:
-            summary["eval_before"] = state["eval_before"]
-            source = {"checkpoint_id": saved["checkpoint_id"], "source_job_id": trainer.job_id}
-            eval_job = client.create_job([profile.sampling_sub_job(source_checkpoint_info=source)])
-            client.wait_for_job(eval_job)
-            summary["eval_after"] = evaluate(client, profile, tokenizer, eval_job)
-            client.cancel_job(eval_job)
-        if comparison:
-            compared = loglik.compare_weights(
-                state["loglik_before"],
-                loglik_after,
-                full_weight=comparison.full.weight,
-                down_weight=comparison.down.weight,
-            )
-            summary["weight_comparison"] = compared
-            diff = compared["gain_difference"]
-            log.info(
-                "held-out log-likelihood gain: full %.3f, down-weighted %.3f, "
-                "difference %.3f [%.3f, %.3f]",
-                compared["full_gain"]["value"], compared["down_gain"]["value"],
-                diff["value"], diff["low"], diff["high"],
-            )  # fmt: skip
-
-    summary.update(
-        losses=losses,
-        final_loss=losses[-1],
-        checkpoint_id=saved["checkpoint_id"],
-        resumed_from_step=run.resumed_from_step,
-        wall_time_s=round(time.time() - started, 1),
+    schedule = driver.Schedule(steps, ckpt_every=config.ckpt_interval)
+    return driver.drive(
+        run, config.connection, SFT(config, profile, steps), schedule, profile_name=profile.name
     )
-    return run.summary(summary)
 
 
 def report(result: dict) -> str:

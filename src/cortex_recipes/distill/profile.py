@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from cortex_recipes import profiles
+from cortex_recipes.grpo_loss import GRPOLoss, teacher_config
 from cortex_recipes.profiles import setting
 from cortex_recipes.sub_jobs import batch_problem, journey_sub_jobs
 
@@ -81,7 +82,9 @@ class OPDProfile:
     teacher_clip_negative: float | None = setting(
         None, gt=0, doc="cap on a negative ratio (default: teacher_clip)"
     )
-    eps_clip: float = setting(0.2, ge=0, doc="PPO ratio clip between sampler and trainer")
+    eps_clip: float = setting(
+        GRPOLoss.eps_clip, ge=0, doc="PPO ratio clip between sampler and trainer"
+    )
     weight_format: str = setting("hf", choices=("hf", "lora"), doc="weight sync format")
     alignment_tolerance: float = setting(
         0.05,
@@ -143,13 +146,10 @@ class OPDProfile:
         rows = load_records(field, source, self.recipe_dir, {"prompt": prompt_column})
         return [row["prompt"] for row in rows]
 
-    def grpo_config(self) -> dict[str, Any]:
-        config: dict[str, Any] = {"eps_clip": self.eps_clip, "teacher_tau": self.teacher_tau}
-        if self.teacher_tau > 0:
-            config["teacher_clip"] = self.teacher_clip
-            if self.teacher_clip_negative is not None:
-                config["teacher_clip_negative"] = self.teacher_clip_negative
-        return config
+    def loss_config(self) -> dict[str, Any]:
+        """The ``grpo`` config: the PPO clip and the teacher terms (:mod:`cortex_recipes.grpo_loss`)."""
+        teacher = teacher_config(self.teacher_tau, self.teacher_clip, self.teacher_clip_negative)
+        return {"eps_clip": self.eps_clip, **teacher}
 
     def sub_jobs(self, teacher: str | None = None) -> list:
         """Student trainer, student sampler, frozen teacher -- the sampler before the teacher,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from cortex_recipes import frames, raw_forward
+from cortex_recipes.grpo_loss import teacher_clip_bounds
 from cortex_recipes.rollouts import Rollout
 
 
@@ -194,8 +195,7 @@ def teacher_baseline(
     tau = float(config.get("teacher_tau", 0.0))
     if tau == 0.0 or not bool(mask.any()):
         return torch.zeros_like(mask)
-    clip = float(config["teacher_clip"])
-    clip_neg = float(config.get("teacher_clip_negative") or clip)
+    clip_neg, clip = teacher_clip_bounds(config)
     term = tau * (teacher - student).clamp(-clip_neg, clip)
     mean = float((term * mask).sum() / mask.sum())
     return -mean * mask

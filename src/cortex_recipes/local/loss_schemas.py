@@ -2,7 +2,8 @@
 config with every default filled in, and the post-processors, normalised into
 :class:`Processing`, which the worker trusts (:mod:`cortex_recipes.local.processors` computes
 what it names). Unknown keys and keys the hosted service knows but this backend does not
-implement are refused naming them.
+implement are refused naming them. The ``grpo`` keys and their defaults are
+:mod:`cortex_recipes.grpo_loss`'s, the journeys' own.
 """
 
 from __future__ import annotations
@@ -10,40 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from cortex_recipes.grpo_loss import DEFAULTS as GRPO_DEFAULTS
+from cortex_recipes.grpo_loss import LOSS_AGG_MODES
 from cortex_recipes.local.bodies import integer, number
 from cortex_recipes.local.errors import BackendError
 from cortex_recipes.local.specs import (
     abridge,
 )
 
-# ---------------------------------------------------------------------------------------------
-# The processing block
-# ---------------------------------------------------------------------------------------------
-
 POST_PROCESSORS = ("compute_logprobs",)
 LOSS_FNS = ("causal_cross_entropy", "grpo")
 CAUSAL_CE_KEYS = {"batch_num_tokens", "dp_size", "global_batch_size"}
-LOSS_AGG_MODES = (
-    "token-mean",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-sum-norm",
-)
-GRPO_DEFAULTS: dict[str, Any] = {
-    "eps_clip": 0.2,
-    "eps_clip_higher": None,
-    "loss_agg_mode": "token-mean",
-    "entropy_coeff": 0.0,
-    "teacher_tau": 0.0,
-    "teacher_clip": None,
-    "teacher_clip_negative": None,
-    "dp_size": None,
-    "batch_num_tokens": None,
-    "global_batch_size": None,
-    "importance_sampling_level": "token",
-    "prox_logp_method": "recompute",
-    "current_version": None,
-}
 # Keys the hosted `grpo` knows that change the loss in ways the local backend does not implement.
 GRPO_UNSUPPORTED = {
     "c_clip", "behav_imp_weight_cap", "m2_threshold", "use_sapo_loss", "sapo_tau_pos",

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from cortex_recipes.grpo_loss import teacher_clip_bounds
 from cortex_recipes.local.errors import BackendError
 
 
@@ -125,8 +126,7 @@ def grpo(
     tau = float(config["teacher_tau"])
     if tau > 0:
         teacher = context["teacher_log_probs_shifted"].to(logprobs.dtype)
-        clip_pos = float(config["teacher_clip"])
-        clip_neg = float(config["teacher_clip_negative"] or clip_pos)
+        clip_neg, clip_pos = teacher_clip_bounds(config)
         scored = mask > 0
         log_ratio = torch.where(scored, teacher - logprobs.detach(), torch.zeros_like(logprobs))
         clipped = log_ratio.clamp(-clip_neg, clip_pos)

@@ -10,17 +10,16 @@ import importlib.util
 import logging
 from pathlib import Path
 
+from cortex_recipes.provenance import source_file
+
 log = logging.getLogger(__name__)
 
 
 def _module_file(root: Path, module: str) -> Path | None:
-    parts = module.split(".")
     for base in (root, root / "src"):
-        candidate = base.joinpath(*parts)
-        if candidate.with_suffix(".py").is_file():
-            return candidate.with_suffix(".py")
-        if (candidate / "__init__.py").is_file():
-            return candidate / "__init__.py"
+        found = source_file(base, module)
+        if found is not None:
+            return found
     return None
 
 

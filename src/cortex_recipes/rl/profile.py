@@ -24,7 +24,8 @@ WEIGHT_FORMATS = ("hf", "lora")
 
 @dataclass(frozen=True)
 class Loss:
-    """The ``grpo`` processor's settings; only those set are sent."""
+    """The ``grpo`` processor's settings; only those set are sent (the rest are
+    :class:`cortex_recipes.grpo_loss.GRPOLoss`'s defaults, which the service applies)."""
 
     eps_clip: float | None = setting(None, ge=0, doc="PPO ratio clip (lower side)")
     eps_clip_higher: float | None = setting(None, ge=0, doc="PPO ratio clip (upper side)")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cortex_recipes import profiles
+from cortex_recipes.grpo_loss import GRPOLoss
 from cortex_recipes.profiles import setting
 from cortex_recipes.sub_jobs import batch_problem, journey_sub_jobs
 
@@ -51,13 +52,17 @@ class RL:
     max_turns: int = setting(ge=2, doc="model turns per episode (a call turn and an answer)")
     max_tokens: int = setting(gt=0, doc="new tokens per model turn")
     temperature: float = setting(ge=0, doc="sampling temperature of the episodes")
-    eps_clip: float = setting(0.2, ge=0, doc="PPO ratio clip")
+    eps_clip: float = setting(GRPOLoss.eps_clip, ge=0, doc="PPO ratio clip")
     play_together: int = setting(
         16,
         gt=0,
         doc="episodes played at once, their turns sampled as one batch (at most 32: the "
         "gateway serves that many waiting turns)",
     )
+
+    def loss_config(self) -> dict[str, Any]:
+        """The ``grpo`` config the RL phase trains with (:mod:`cortex_recipes.grpo_loss`)."""
+        return {"eps_clip": self.eps_clip}
 
 
 @dataclass(frozen=True)
