@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -63,15 +64,18 @@ class Schedule:
     ``steps``: the last step. ``eval_every``: :meth:`Algorithm.evaluate` every this many steps
     and after the last (0: never). ``ckpt_every``: a resumable save every this many steps
     (0: none); ``ckpt_last``: also after the last step (a journey whose last step ends with a
-    weights-only save of its own leaves it off)."""
+    weights-only save of its own leaves it off). ``stop_after``: stop once this step (before
+    the last) is recorded and saved, as an interruption would (0: run to the end); the run
+    then has no summary and resumes when the command runs again."""
 
     steps: int
     eval_every: int = 0
     ckpt_every: int = 0
     ckpt_last: bool = False
+    stop_after: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("steps", "eval_every", "ckpt_every"):
+        for name in ("steps", "eval_every", "ckpt_every", "stop_after"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"Schedule.{name}={value!r}; an integer >= 0")
@@ -88,9 +92,11 @@ class Schedule:
 class Algorithm(Protocol):
     """What a journey's ``train.py`` supplies to :func:`drive`."""
 
-    def start(self, client: Any, run: Run) -> Trainer:
+    def start(self, client: Any, run: Run, stack: ExitStack) -> Trainer:
         """Create the run's jobs and whatever the steps need; return the trainer whose
-        checkpoint the resume point names and whose resumable saves the driver makes."""
+        checkpoint the resume point names and whose resumable saves the driver makes.
+        ``stack`` closes, before the connection does, when the run ends however it ends: enter
+        there what the steps run inside (a gateway, a batcher)."""
 
     def restore(self, state: dict[str, Any]) -> None:
         """Take back what :meth:`state` saved (called on a resume, after the trainer loaded)."""
@@ -120,8 +126,8 @@ def drive(
 ) -> dict[str, Any]:
     """Run ``algorithm`` over ``schedule`` in ``run`` on ``connection``; the run's summary."""
     started = time.monotonic()
-    with run.connect(connection) as client:
-        trainer = algorithm.start(client, run)
+    with run.connect(connection) as client, ExitStack() as stack:
+        trainer = algorithm.start(client, run, stack)
         if run.resume:
             trainer.load(run.resume)
             algorithm.restore(run.resume)
@@ -138,6 +144,9 @@ def drive(
             log.info("step %d/%d %s", step, schedule.steps, algorithm.describe(record))
             if schedule.saves(step):
                 trainer.save_resumable(step, algorithm.state())
+            if schedule.stop_after and schedule.stop_after <= step < schedule.steps:
+                log.info("stopping after step %d as asked; rerun the command to resume", step)
+                return {"stopped_after_step": step, "run_dir": str(run.path)}
         loop_s = time.monotonic() - loop_started
         summary = algorithm.finish(client)
     return run.summary(

@@ -57,7 +57,8 @@ class Counter:
     def __init__(self, events):
         self.events, self.total = events, 0
 
-    def start(self, client, run):
+    def start(self, client, run, stack):
+        stack.callback(self.events.append, ("stack closed",))
         self.events.append(("start", client))
         return FakeTrainer(self.events)
 
@@ -104,7 +105,7 @@ def test_steps_records_evals_and_saves_in_order():
         i = events.index(save)
         assert events[i - 1][0] == "metrics" and events[i - 1][1]["step"] == save[1]
     assert kinds(events)[:4] == ["connect", "start", "begin", "track"]
-    assert kinds(events)[-3:] == ["finish", "closed", "summary"]
+    assert kinds(events)[-4:] == ["finish", "stack closed", "closed", "summary"]
     assert out["profile"] == "p" and out["config_hash"] == "0123456789abcdef"
     assert out["total"] == 15 and out["resumed_from_step"] is None
     assert out["wall_time_s"] >= 0 and out["loop_time_s"] >= 0
@@ -134,11 +135,22 @@ def test_a_failing_step_closes_the_connection_and_writes_no_summary():
     with pytest.raises(RuntimeError, match="boom"):
         driver.drive(FakeRun(events), "local", Failing(events), driver.Schedule(3),
                      profile_name="p")  # fmt: skip
-    assert kinds(events)[-1] == "closed" and "summary" not in kinds(events)
+    assert kinds(events)[-2:] == ["stack closed", "closed"] and "summary" not in kinds(events)
     assert [e[1]["step"] for e in events if e[0] == "metrics"] == [1]
 
 
-@pytest.mark.parametrize("field", ["steps", "eval_every", "ckpt_every"])
+def test_stop_after_ends_like_an_interruption_after_that_steps_save():
+    events = []
+    run = FakeRun(events)
+    run.path = "runs/x"
+    schedule = driver.Schedule(4, ckpt_every=1, stop_after=2)
+    out = driver.drive(run, "local", Counter(events), schedule, profile_name="p")
+    assert out == {"stopped_after_step": 2, "run_dir": "runs/x"}
+    assert [e[1] for e in events if e[0] == "save"] == [1, 2]
+    assert kinds(events)[-2:] == ["stack closed", "closed"]  # no finish, no summary
+
+
+@pytest.mark.parametrize("field", ["steps", "eval_every", "ckpt_every", "stop_after"])
 def test_a_schedule_refuses_a_negative_or_non_integer_count_naming_it(field):
     with pytest.raises(ValueError, match=rf"Schedule.{field}=-1; an integer >= 0"):
         driver.Schedule(**{"steps": 1, field: -1})

@@ -91,224 +91,233 @@ class Config(RunConfig):
     )
 
 
-def main(config: Config) -> dict:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per turn otherwise
-    profile = load_tito_profile(config.profile, config.overrides)
-    run = config.open_run("tito", profile)
-    if run.finished:
-        return run.finished
-    resume = run.resume
+class Tito:
+    """TITO agentic RL for :func:`cortex_recipes.driver.drive` (module docstring): a warm start
+    and its resume point ``step_0`` before the first RL step; each RL step trains on episodes
+    played with the current policy, then plays the next step's on the policy it synced."""
 
-    model_dir = (
-        str(with_renderer_tokens(profile.model)) if profile.add_renderer_tokens else profile.model
-    )
-    tokenizer = load_tokenizer(model_dir)
-    renderer = make_renderer(tokenizer, profile.renderer)
-    facts = load_facts("tasks", profile.tasks, profile.recipe_dir)
-    glossary = glossary_config(facts)
-    toolset = GlossaryToolset(glossary.task.tools)
-    tools = tool_specs(toolset)
-    if profile.questions:
+    def __init__(self, config: Config, profile: TitoProfile, run, rl_steps: int):
+        self.config, self.profile, self.run, self.rl_steps = config, profile, run, rl_steps
+        self.model_dir = (
+            str(with_renderer_tokens(profile.model))
+            if profile.add_renderer_tokens
+            else profile.model
+        )
+        self.tokenizer = load_tokenizer(self.model_dir)
+        self.renderer = make_renderer(self.tokenizer, profile.renderer)
+        self.facts = load_facts("tasks", profile.tasks, profile.recipe_dir)
+        glossary = glossary_config(self.facts)
+        self.toolset = GlossaryToolset(glossary.task.tools)
+        self.tools = tool_specs(self.toolset)
+        self.questions, self.tasks, self.eval_tasks, sample = self.task_sets(glossary)
+        # before any training: refuse templates that cannot extend turns exactly
+        self.history_check = check_linear_history(self.renderer, sample, wire_tools(self.tools))
+        self.pad_id = frames.pad_id(self.tokenizer)
+        self.written = completions.RolloutWriter(
+            run.path, self.tokenizer, rate=config.rollouts_rate
+        )
+        self.saved: dict | None = None  # what every resume point carries
+        self.pending = None  # the next step's (groups, rollout seconds), played ahead
+        self.restored = False
+
+    def task_sets(self, glossary) -> tuple[list, list, list, list]:
+        """Questions, training tasks, eval tasks and the longest conversation the warm start
+        teaches (the renderer check's sample)."""
+        profile, facts = self.profile, self.facts
+        if not profile.questions:
+            tasks = GlossaryTaskset(glossary).load()
+            return [], tasks, tasks, demonstration(*next(iter(facts.items())))
         chain = profile.question_type == "chain"
         load, make = (
             (load_chain_questions, chain_tasks) if chain else (load_questions, compare_tasks)
         )
         questions = load("questions", profile.questions, profile.recipe_dir, facts)
         tasks = make(glossary, questions)
-        eval_tasks = (
-            make(
-                glossary,
-                load("eval_questions", profile.eval_questions, profile.recipe_dir, facts),
-            )
-            if profile.eval_questions
-            else tasks
-        )
-        sample_conversation = (
-            chain_demonstration(questions[0], facts)
-            if chain
-            else compare_demonstration(questions[0], facts)
-        )  # the longest conversation the warm start teaches
-    else:
-        questions = []
-        tasks = eval_tasks = GlossaryTaskset(glossary).load()
-        sample_conversation = demonstration(*next(iter(facts.items())))
-    history_check = check_linear_history(
-        renderer, sample_conversation, wire_tools(tools)
-    )  # before any training: refuse templates that cannot extend turns exactly
-    pad_id = frames.pad_id(tokenizer)
-    rl_steps = config.rl_steps or profile.rl.steps
-    seed = profile.seed
-    written = completions.RolloutWriter(run.path, tokenizer, rate=config.rollouts_rate)
-    started = time.monotonic()
+        eval_tasks = tasks
+        if profile.eval_questions:
+            held_out = load("eval_questions", profile.eval_questions, profile.recipe_dir, facts)
+            eval_tasks = make(glossary, held_out)
+        show = chain_demonstration if chain else compare_demonstration
+        return questions, tasks, eval_tasks, show(questions[0], facts)
 
-    with run.connect(config.connection) as client:
-        trainer = Trainer.start(
-            client, profile.sub_jobs(model_dir), run, weight_format=profile.weight_format
-        )
-        job_id = trainer.job_id
-        if resume is not None:
-            trainer.load(resume)  # and sync
-            state = resume["state"]
-        else:
-            state = {
+    def start(self, client, run, stack) -> Trainer:
+        self.client, self.stack = client, stack
+        self.trainer = Trainer.start(
+            client, self.profile.sub_jobs(self.model_dir), run,
+            weight_format=self.profile.weight_format,
+        )  # fmt: skip
+        return self.trainer  # a resume loads and syncs it
+
+    def restore(self, state: dict) -> None:
+        self.saved = state["state"]
+
+    def begin(self) -> None:
+        profile = self.profile
+        if self.saved is None:  # a new run: the warm start, then its resume point step_0
+            self.saved = {
                 "warm_start": warm_start(
-                    trainer, profile, config, tokenizer, renderer, tools, facts, questions, pad_id
+                    self.trainer, profile, self.config, self.tokenizer, self.renderer,
+                    self.tools, self.facts, self.questions, self.pad_id,
                 )
-            }
-            trainer.sync()
-            trainer.save_resumable(0, {"state": state})
-
-        batcher = LockstepBatcher(sdk_generate_rows(client, job_id))
-        app = create_gateway_app(
-            batcher.generate, model=profile.model, max_model_len=profile.max_seq_len, base_seed=seed
+            }  # fmt: skip
+            self.trainer.sync()
+            self.trainer.save_resumable(0, self.state())
+        self.batcher = self.stack.enter_context(
+            LockstepBatcher(sdk_generate_rows(self.client, self.trainer.job_id))
         )
+        app = create_gateway_app(
+            self.batcher.generate, model=profile.model, max_model_len=profile.max_seq_len,
+            base_seed=profile.seed,
+        )  # fmt: skip
         os.environ.setdefault(GATEWAY_KEY_ENV, "local")
-        with batcher, Gateway(app) as gateway:
-            train_client = resolve_client(
-                TrainClientConfig(
-                    base_url=gateway.base_url,
-                    api_key_var=GATEWAY_KEY_ENV,
-                    renderer=renderer_config(profile),
-                    renderer_model_name=str(resolve_model_path(model_dir)),
-                )
+        gateway = self.stack.enter_context(Gateway(app))
+        self.train_client = resolve_client(
+            TrainClientConfig(
+                base_url=gateway.base_url,
+                api_key_var=GATEWAY_KEY_ENV,
+                renderer=renderer_config(profile),
+                renderer_model_name=str(resolve_model_path(self.model_dir)),
             )
-
-            loop = episode_loop()
-
-            def play(specs: list, temperature: float, max_tokens: int) -> list:
-                """Episodes for ``(task, session id)`` specs, ``rl.play_together`` at a time."""
-                sampling = vf.SamplingConfig(temperature=temperature, max_tokens=max_tokens)
-                episodes = []
-                for at in range(0, len(specs), profile.rl.play_together):
-                    wave = specs[at : at + profile.rl.play_together]
-                    with batcher.playing(len(wave)) as leave:
-
-                        async def one(task, session: str, leave=leave):
-                            try:
-                                return await run_episode(
-                                    train_client, model=profile.model, task=task,
-                                    toolset=toolset, tools=tools, sampling=sampling,
-                                    session_id=session, max_turns=profile.rl.max_turns,
-                                )  # fmt: skip
-                            finally:
-                                leave()
-
-                        async def wave_of(wave=wave, one=one):
-                            return await asyncio.gather(*(one(t, s) for t, s in wave))
-
-                        episodes.extend(loop.run_until_complete(wave_of()))
-                return episodes
-
-            def collect(step: int) -> tuple[list, float]:
-                """Play step ``step``'s groups with the current policy; write its rollouts."""
-                t0 = time.monotonic()
-                chosen = sampler.draw(profile.rl.tasks_per_step)
-                specs = [
-                    (tasks[i], f"{seed}-{step}-{i}-{k}-{sampler.nonce()}")
-                    for i in chosen
-                    for k in range(profile.rl.group_size)
-                ]
-                played = play(specs, profile.rl.temperature, profile.rl.max_tokens)
-                size = profile.rl.group_size
-                groups = [played[g : g + size] for g in range(0, len(played), size)]
-                for k, episodes in enumerate(groups):  # one task's episodes, this step's policy
-                    written.write_episodes(
-                        step=step,
-                        group=k,
-                        policy_version=driver.sampling_version(step),
-                        episodes=episodes,
-                    )
-                return groups, round(time.monotonic() - t0, 3)
-
-            def evaluate() -> dict:
-                specs = [(task, f"eval-{seed}-{task.data.idx}") for task in eval_tasks]
-                return summarize_eval(
-                    play(specs, 0.0, profile.eval.max_tokens or profile.rl.max_tokens)
-                )
-
-            if "eval_before_rl" not in state:
-                state["eval_before_rl"] = evaluate()
-                log.info("eval after warm start: %s", brief(state["eval_before_rl"]))
-            first = resume["step"] + 1 if resume else 1
-            pending = None
-            if resume is not None and "sampler" in state:
-                sampler = TaskSampler.from_state(state["sampler"], len(tasks))
-                if state.get("pending") is not None and first <= rl_steps:
-                    pending = pending_from_json(state["pending"], first, groups_digest)
-                    log.info(
-                        "resuming step %d on the %d episodes its checkpoint saved", first,
-                        sum(len(g) for g in pending[0]),
-                    )  # fmt: skip
-            else:
-                sampler = TaskSampler(len(tasks), seed)
-            restored = pending is not None
-            run.track_steps(rl_steps)
-            for step in range(first, rl_steps + 1):
-                t0 = time.monotonic()
-                groups, rollout_s = pending if pending is not None else collect(step)
-                pending = None
-                frame, stats = episode_frame(groups, pad_id, profile.rl.loss_config())
-                result, _ = trainer.train_step(frame, learning_rate=profile.rl.learning_rate)
-                trainer.sync()
-                if step < rl_steps:  # the next step's episodes, on the policy just synced
-                    pending = collect(step + 1)
-                state["sampler"] = sampler.state_dict()
-                state["pending"] = (
-                    pending_to_json(step + 1, pending[0], groups_digest(pending[0]), pending[1])
-                    if pending is not None
-                    else None
-                )
-                record = {
-                    "step": step,
-                    "loss": result["avg_loss"],
-                    **stats,
-                    "mismatch_kl/mean": result["metrics"].get("approx_kl"),
-                    "time/rollouts": rollout_s,
-                    "time/step": round(time.monotonic() - t0, 3),
-                }
-                run.metrics(**record)
+        )
+        saved = self.saved
+        if "eval_before_rl" not in saved:
+            saved["eval_before_rl"] = self.greedy_eval()
+            log.info("eval after warm start: %s", brief(saved["eval_before_rl"]))
+        first = (self.run.resumed_from_step or 0) + 1
+        if "sampler" in saved:  # resumed after an RL step
+            self.sampler = TaskSampler.from_state(saved["sampler"], len(self.tasks))
+            if saved.get("pending") is not None and first <= self.rl_steps:
+                self.pending = pending_from_json(saved["pending"], first, groups_digest)
+                self.restored = True
                 log.info(
-                    "RL step %d/%d reward %.3f model turns %.2f tool calls %.2f trainable tokens %d",
-                    step, rl_steps, stats["reward/mean"], stats["model_turns/mean"],
-                    stats["tool_calls/mean"], stats["trainable_tokens"],
+                    "resuming step %d on the %d episodes its checkpoint saved", first,
+                    sum(len(g) for g in self.pending[0]),
                 )  # fmt: skip
-                if step % profile.ckpt.interval == 0 or step == rl_steps:
-                    trainer.save_resumable(step, {"state": state})
-                if config.stop_after_step and step >= config.stop_after_step and step < rl_steps:
-                    log.info("stopping after step %d as asked (stop_after_step)", step)
-                    client.cancel_job(job_id)
-                    return {"stopped_after_step": step, "run_dir": str(run.path)}
-            eval_after = evaluate() if config.final_eval else None
-            if eval_after is not None:
-                log.info("eval after RL: %s", brief(eval_after))
-        client.cancel_job(job_id)
+        else:
+            self.sampler = TaskSampler(len(self.tasks), profile.seed)
 
-    history = run.read_metrics()
-    summary = {
-        "profile": profile.name,
-        "config_hash": profile.config_hash,
-        "renderer_check": history_check,
-        "warm_start": state["warm_start"],
-        "eval_before_rl": state["eval_before_rl"],
-        "eval_after_rl": eval_after,
-        "steps": [h["step"] for h in history],
-        "rewards": [h["reward/mean"] for h in history],
-        "trainable_tokens": [h["trainable_tokens"] for h in history],
-        "model_turns": [h["model_turns/mean"] for h in history],
-        "tool_turns": [h["tool_turns/mean"] for h in history],
-        "tool_calls": [h.get("tool_calls/mean") for h in history],
-        "multi_call": [h.get("multi_call/share") for h in history],
-        "losses": [h["loss"] for h in history],
-        "mask_sha256": [h["mask_sha256"] for h in history],
-        "resumed_from_step": resume["step"] if resume else None,
-        "resumed_on_saved_episodes": restored,
-        "eval_tasks": len(eval_tasks),
-        "wall_time_s": round(time.monotonic() - started, 1),
-    }
-    return run.summary(summary)
+    def step(self, step: int) -> dict:
+        rl = self.profile.rl
+        groups, rollout_s = self.pending if self.pending is not None else self.collect(step)
+        self.pending = None
+        frame, stats = episode_frame(groups, self.pad_id, rl.loss_config())
+        result, _ = self.trainer.train_step(frame, learning_rate=rl.learning_rate)
+        self.trainer.sync()
+        if step < self.rl_steps:  # the next step's episodes, on the policy just synced
+            self.pending = self.collect(step + 1)
+        self.saved["sampler"] = self.sampler.state_dict()
+        self.saved["pending"] = (
+            pending_to_json(
+                step + 1, self.pending[0], groups_digest(self.pending[0]), self.pending[1]
+            )  # fmt: skip
+            if self.pending is not None
+            else None
+        )
+        return {
+            "loss": result["avg_loss"],
+            **stats,
+            "mismatch_kl/mean": result["metrics"].get("approx_kl"),
+            "time/rollouts": rollout_s,
+        }
+
+    def evaluate(self, step: int) -> dict:
+        return {}  # the greedy evals run after the warm start and after RL
+
+    def state(self) -> dict:
+        return {"state": self.saved}
+
+    def describe(self, record: dict) -> str:
+        return (
+            f"reward {record['reward/mean']:.3f} model turns {record['model_turns/mean']:.2f} "
+            f"tool calls {record['tool_calls/mean']:.2f} trainable tokens "
+            f"{record['trainable_tokens']}"
+        )
+
+    def finish(self, client) -> dict:
+        eval_after = self.greedy_eval() if self.config.final_eval else None
+        if eval_after is not None:
+            log.info("eval after RL: %s", brief(eval_after))
+        client.cancel_job(self.trainer.job_id)
+        history = self.run.read_metrics()
+        return {
+            "renderer_check": self.history_check,
+            "warm_start": self.saved["warm_start"],
+            "eval_before_rl": self.saved["eval_before_rl"],
+            "eval_after_rl": eval_after,
+            "steps": [h["step"] for h in history],
+            "rewards": [h["reward/mean"] for h in history],
+            "trainable_tokens": [h["trainable_tokens"] for h in history],
+            "model_turns": [h["model_turns/mean"] for h in history],
+            "tool_turns": [h["tool_turns/mean"] for h in history],
+            "tool_calls": [h.get("tool_calls/mean") for h in history],
+            "multi_call": [h.get("multi_call/share") for h in history],
+            "losses": [h["loss"] for h in history],
+            "mask_sha256": [h["mask_sha256"] for h in history],
+            "resumed_on_saved_episodes": self.restored,
+            "eval_tasks": len(self.eval_tasks),
+        }
+
+    def collect(self, step: int) -> tuple[list, float]:
+        """Play step ``step``'s groups with the current policy; write its rollouts."""
+        rl, t0 = self.profile.rl, time.monotonic()
+        chosen = self.sampler.draw(rl.tasks_per_step)
+        specs = [
+            (self.tasks[i], f"{self.profile.seed}-{step}-{i}-{k}-{self.sampler.nonce()}")
+            for i in chosen
+            for k in range(rl.group_size)
+        ]
+        played = self.play(specs, rl.temperature, rl.max_tokens)
+        groups = [played[g : g + rl.group_size] for g in range(0, len(played), rl.group_size)]
+        for k, episodes in enumerate(groups):  # one task's episodes, this step's policy
+            self.written.write_episodes(
+                step=step, group=k, policy_version=driver.sampling_version(step),
+                episodes=episodes,
+            )  # fmt: skip
+        return groups, round(time.monotonic() - t0, 3)
+
+    def greedy_eval(self) -> dict:
+        specs = [(task, f"eval-{self.profile.seed}-{task.data.idx}") for task in self.eval_tasks]
+        max_tokens = self.profile.eval.max_tokens or self.profile.rl.max_tokens
+        return summarize_eval(self.play(specs, 0.0, max_tokens))
+
+    def play(self, specs: list, temperature: float, max_tokens: int) -> list:
+        """Episodes for ``(task, session id)`` specs, ``rl.play_together`` at a time."""
+        sampling = vf.SamplingConfig(temperature=temperature, max_tokens=max_tokens)
+        together, episodes = self.profile.rl.play_together, []
+        for at in range(0, len(specs), together):
+            wave = specs[at : at + together]
+            with self.batcher.playing(len(wave)) as leave:
+                episodes.extend(episode_loop().run_until_complete(self.wave(wave, sampling, leave)))
+        return episodes
+
+    async def wave(self, wave: list, sampling, leave) -> list:
+        return await asyncio.gather(*(self.episode(t, s, sampling, leave) for t, s in wave))
+
+    async def episode(self, task, session: str, sampling, leave):
+        try:
+            return await run_episode(
+                self.train_client, model=self.profile.model, task=task, toolset=self.toolset,
+                tools=self.tools, sampling=sampling, session_id=session,
+                max_turns=self.profile.rl.max_turns,
+            )  # fmt: skip
+        finally:
+            leave()
+
+
+def main(config: Config) -> dict:
+    driver.start_logging()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per turn otherwise
+    profile = load_tito_profile(config.profile, config.overrides)
+    run = config.open_run("tito", profile)
+    if run.finished:
+        return run.finished
+    rl_steps = config.rl_steps or profile.rl.steps
+    schedule = driver.Schedule(
+        rl_steps, ckpt_every=profile.ckpt.interval, ckpt_last=True,
+        stop_after=config.stop_after_step,
+    )  # fmt: skip
+    algorithm = Tito(config, profile, run, rl_steps)
+    return driver.drive(run, config.connection, algorithm, schedule, profile_name=profile.name)
 
 
 _LOOP: asyncio.AbstractEventLoop | None = None

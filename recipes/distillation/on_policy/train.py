@@ -171,7 +171,7 @@ class OPD:
         self.reward, self.group = profile.reward, profile.group_size
         self.evals: list[dict] = []
 
-    def start(self, client, run) -> Trainer:
+    def start(self, client, run, stack) -> Trainer:
         self.client = client
         self.trainer = Trainer.start(
             client, self.profile.sub_jobs(teacher=self.teacher_model), run,

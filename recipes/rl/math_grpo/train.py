@@ -66,7 +66,7 @@ class MathGRPO:
         self.run = run
         self.evals: list[dict] = []
 
-    def start(self, client, run) -> Trainer:
+    def start(self, client, run, stack) -> Trainer:
         self.client = client
         self.trainer = Trainer.start(
             client, self.profile.sub_jobs(), run, weight_format=self.profile.weight_format

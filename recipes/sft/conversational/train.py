@@ -92,7 +92,7 @@ class SFT:
         self.eval_before: dict | None = None
         self.loglik_before: dict | None = None
 
-    def start(self, client, run) -> Trainer:
+    def start(self, client, run, stack) -> Trainer:
         self.client = client
         if self.profile.eval and self.eval_before is None and not run.resume:
             self.eval_before = self.answers(self.profile.sampling_sub_job())
