@@ -2,7 +2,8 @@
 ``TYPE_CHECKING`` count: a lazy import is still a dependency):
 
 - ``src/cortex_recipes`` never imports ``recipes``: journeys use the library, never the reverse;
-- no import circle among the library's modules.
+- no import circle among the library's modules;
+- no library module over 500 lines.
 """
 
 from __future__ import annotations
@@ -117,3 +118,16 @@ def test_the_circle_finder_finds_a_circle_and_its_members():
     edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert cycles(edges) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+MAX_MODULE_LINES = 500
+
+
+def test_no_library_module_is_over_500_lines():
+    """A module that grows past this does several jobs; split it by what each part is."""
+    long = {
+        str(path.relative_to(SRC)): n
+        for path in SRC.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}

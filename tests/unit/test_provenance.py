@@ -87,7 +87,7 @@ def test_stale_evidence_names_records_without_or_with_another_digest(tmp_path):
 
 
 def test_qualify_stale_targets_the_stale_profiles_once_each(tmp_path):
-    from cortex_recipes.cli import stale_targets
+    from cortex_recipes.qualify_command import stale_targets
 
     root = sft_only_repo(tmp_path)
     evidence = root / "recipes" / "sft" / "conversational" / "evidence"

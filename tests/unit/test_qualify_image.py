@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cortex_recipes import cli, journeys, provenance, qualify
+from cortex_recipes import cli, journeys, provenance, qualify, qualify_command
 from cortex_recipes.repo_checks import configs, records
 from tests.unit.recipe_fixtures import DEMO, write_demo_repository
 
@@ -93,11 +93,11 @@ def test_every_landed_journey_has_a_cpu_qualification_profile(journey):
 
 
 def test_a_gpu_profile_names_its_pinned_hub_models():
-    assert cli.profile_hub_models(ROOT, "opd", "local-gpu-qwen3-1.7b-to-0.6b") == [
+    assert qualify_command.profile_hub_models(ROOT, "opd", "local-gpu-qwen3-1.7b-to-0.6b") == [
         "Qwen/Qwen3-0.6B",
         "Qwen/Qwen3-1.7B",
     ]
-    assert cli.profile_hub_models(ROOT, "sft", "local-cpu-smollm2-lora") == []
+    assert qualify_command.profile_hub_models(ROOT, "sft", "local-cpu-smollm2-lora") == []
 
 
 def test_qualify_of_a_profile_with_unverified_weights_runs_nothing(monkeypatch, caplog):

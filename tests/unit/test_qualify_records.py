@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from cortex_recipes import cli, provenance, qualify, validate
+from cortex_recipes import cli, provenance, qualify, qualify_command, validate
 from cortex_recipes.repo_checks import records
 from tests.unit.recipe_fixtures import DEMO, write_demo_repository
 
@@ -86,7 +86,7 @@ def test_metric_outside_its_range_fails_the_record_and_leaves_recipe_yaml(demo, 
 
 
 def test_qualify_command_is_the_journeys_qualify_module_with_the_profile_config(demo):
-    command = cli.qualification_command(demo, "demo", "cpu", ["connection=local"])
+    command = qualify_command.qualification_command(demo, "demo", "cpu", ["connection=local"])
     assert command == [
         sys.executable,
         "-m",

@@ -12,8 +12,8 @@ from importlib.util import cache_from_source
 
 import pytest
 
-from cortex_recipes.local import workers
-from cortex_recipes.local.workers import SparePool, bytecode_hint, worker_env
+from cortex_recipes.local import worker_spawn
+from cortex_recipes.local.worker_spawn import SparePool, bytecode_hint, worker_env
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def sleeping_spares(monkeypatch):
         child.close()
         return process, parent
 
-    monkeypatch.setattr(workers, "spawn_worker", spawn)
+    monkeypatch.setattr(worker_spawn, "spawn_worker", spawn)
     return started
 
 
@@ -73,7 +73,7 @@ def test_a_dead_spare_is_not_handed_out_and_its_death_is_logged(tmp_path, sleepi
     pool.replenish(env)
     pool._spare.process.kill()
     pool._spare.process.wait()
-    with caplog.at_level(logging.WARNING, logger="cortex_recipes.local.workers"):
+    with caplog.at_level(logging.WARNING, logger="cortex_recipes.local.worker_spawn"):
         assert pool.take(env) is None
     assert "the spare worker was killed by SIGKILL" in caplog.text
     pool.close()

@@ -24,7 +24,7 @@ import requests
 
 from cortex_recipes.local.devices import DEVICE_ENV, DEVICE_MODES, device_mode
 from cortex_recipes.local.hosted import RULES as HOSTED_RULES
-from cortex_recipes.local.workers import bytecode_hint
+from cortex_recipes.local.worker_spawn import bytecode_hint
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ between them (:class:`_Loop`).
 Started by the server as ``python -m cortex_recipes.local.worker --fd N --spec FILE``, or
 ahead of time without ``--spec`` as a spare that imports what model loading needs and then
 waits for one ``assign`` message naming its sub-job
-(:class:`~cortex_recipes.local.workers.SparePool`); talks over the inherited socket with
+(:class:`~cortex_recipes.local.worker_spawn.SparePool`); talks over the inherited socket with
 :mod:`cortex_recipes.local.protocol`. A command that fails returns an error message and leaves
 the worker ready for the next one. Every reply carries the command's ``seq``, so the server may
 send the next command before the last one is answered.
