@@ -107,7 +107,7 @@ def test_grpo_eval_gain_needs_per_item_results():
 
 
 def test_prime_rl_checks_pin_lag_sync_overlap_and_the_resume():
-    from cortex_recipes.rl.checks import primerl_checks
+    from recipes.rl.async_grpo.checks import primerl_checks
 
     summary = {
         "rewards": [0.1, 0.2, 0.4, 0.5],

@@ -10,6 +10,7 @@ import torch
 
 from cortex_recipes import loglik, qualify, sft
 from cortex_recipes.profiles import ProfileError
+from recipes.sft.conversational import checks as sft_checks
 
 pytestmark = pytest.mark.unit
 
@@ -91,7 +92,7 @@ def _comparison(full_after, down_after):
 
 def test_sft_checks_pass_when_the_full_weight_answer_is_learned_more():
     runs = [_summary(_comparison([-1.0, -1.2, -0.8], [-3.0, -3.5, -3.2]))] * 2
-    checks = qualify.sft_checks(runs, weight_comparison=True)
+    checks = sft_checks.sft_checks(runs, weight_comparison=True)
     assert checks["full_weight_learned_more_than_down_weighted"]
     assert checks["down_weighted_still_learned"]
     assert all(checks.values())
@@ -99,15 +100,15 @@ def test_sft_checks_pass_when_the_full_weight_answer_is_learned_more():
 
 def test_sft_checks_fail_when_the_weights_made_no_difference_or_nothing_was_measured():
     same = _summary(_comparison([-1.0, -3.0, -2.0], [-3.0, -1.0, -2.0]))
-    checks = qualify.sft_checks([same, same], weight_comparison=True)
+    checks = sft_checks.sft_checks([same, same], weight_comparison=True)
     assert not checks["full_weight_learned_more_than_down_weighted"]
-    unmeasured = qualify.sft_checks([_summary(None)] * 2, weight_comparison=True)
+    unmeasured = sft_checks.sft_checks([_summary(None)] * 2, weight_comparison=True)
     assert not unmeasured["full_weight_learned_more_than_down_weighted"]
     assert not unmeasured["down_weighted_still_learned"]
 
 
 def test_sft_checks_without_a_declared_comparison_are_the_chat_template_checks():
-    checks = qualify.sft_checks([_summary(None)] * 2)
+    checks = sft_checks.sft_checks([_summary(None)] * 2)
     assert set(checks) == {
         "taught_behaviour_absent_before",
         "taught_behaviour_present_after",
@@ -120,11 +121,13 @@ def test_sft_checks_without_a_declared_comparison_are_the_chat_template_checks()
 def test_runs_whose_comparisons_differ_are_not_deterministic():
     a = _summary(_comparison([-1.0, -1.2, -0.8], [-3.0, -3.5, -3.2]))
     b = _summary(_comparison([-1.0, -1.2, -0.9], [-3.0, -3.5, -3.2]))
-    assert not qualify.sft_checks([a, b], weight_comparison=True)["deterministic_across_runs"]
+    assert not sft_checks.sft_checks([a, b], weight_comparison=True)["deterministic_across_runs"]
 
 
 def test_the_gain_difference_bar_applies_to_the_interval_lower_end_of_its_profiles_only():
-    metrics = qualify.sft_metrics([_summary(_comparison([-1.0, -1.5, -0.2], [-3.0, -3.5, -2.5]))])
+    metrics = sft_checks.sft_metrics(
+        [_summary(_comparison([-1.0, -1.5, -0.2], [-3.0, -3.5, -2.5]))]
+    )
     diff = metrics["held_out_loglik_gain_difference"]
     expected = {
         "held_out_loglik_gain_difference": {

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from cortex_recipes import frames
-from cortex_recipes.distill import checks
 from cortex_recipes.distill.profile import load_opd_profile
 from cortex_recipes.profiles import ProfileError
+from recipes.distillation.on_policy import checks
 from recipes.distillation.on_policy.data import identity_prompts
 from recipes.distillation.on_policy.teacher_sft import TeacherSFTError, check, sft_profile_path
 from recipes.distillation.on_policy.train import step_advantages

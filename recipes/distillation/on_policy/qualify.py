@@ -7,7 +7,7 @@ A profile with a task reward runs twice: as itself and as its ``teacher_tau=0`` 
 (``<profile>-tau0.json`` next to it, or ``comparison=``), which must differ from it in
 ``teacher_tau`` and ``name``/``description`` only. Both share the teacher: a ``teacher_sft``
 teacher is trained once, afresh, in the qualification's folder. A pure distillation profile
-(no reward) runs once. The checks and metrics are :mod:`cortex_recipes.distill.checks`.
+(no reward) runs once. The checks and metrics are in ``checks.py`` beside it.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 import chz
 
 from cortex_recipes import qualify
-from cortex_recipes.distill import checks as opd_checks
 from cortex_recipes.distill.profile import load_opd_profile
 from cortex_recipes.run import runs_root
+from recipes.distillation.on_policy import checks as opd_checks
 from recipes.distillation.on_policy.train import Config, main
 
 RECIPE_DIR = Path(__file__).resolve().parent

@@ -10,7 +10,7 @@ names. The run is interrupted twice:
    the journey must reconnect by itself and resume both sides from its newest resume point;
 2. once step ``kill_run_after`` is logged, the training process gets SIGKILL (its trainer
    adapter with it; prime-rl's processes die with it), and the rerun must resume both sides.
-The checks (``rl.checks.primerl_checks``): reward and eval accuracy rose; the lag prime-rl
+The checks (``checks.py`` beside it): reward and eval accuracy rose; the lag prime-rl
 observed was logged every step (prime-rl's own line, or where an interruption lost that line,
 re-derived from the episodes prime-rl shipped and marked so), stayed within ``max_off_policy_steps`` and was at least 1
 somewhere; rollouts were generated while the trainer trained; every version sampled from was
@@ -34,8 +34,9 @@ import chz
 
 from cortex_recipes.intervals import bootstrap_mean
 from cortex_recipes.qualify import record_evidence, work_dir
-from cortex_recipes.rl.checks import eval_gain, primerl_checks
+from cortex_recipes.rl.checks import eval_gain
 from cortex_recipes.rl.profile import load_grpo_profile
+from recipes.rl.async_grpo.checks import primerl_checks
 
 log = logging.getLogger("recipes.rl.async_grpo.qualify")
 RECIPE_DIR = Path(__file__).parent

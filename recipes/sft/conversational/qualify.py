@@ -14,6 +14,7 @@ import chz
 from cortex_recipes import qualify, sft
 from cortex_recipes.profiles import ProfileError
 from cortex_recipes.run import runs_root
+from recipes.sft.conversational import checks as sft_checks
 from recipes.sft.conversational.train import Config, main
 
 RECIPE_DIR = Path(__file__).resolve().parent
@@ -43,7 +44,7 @@ def run(config: QualifyConfig) -> int:
         )
         for i in range(config.runs)
     ]
-    checks = qualify.sft_checks(
+    checks = sft_checks.sft_checks(
         summaries, weight_comparison=profile.eval.weight_comparison is not None
     )
     path = qualify.record_evidence(
@@ -52,7 +53,7 @@ def run(config: QualifyConfig) -> int:
         profile.config_hash,
         summaries,
         checks,
-        metrics=qualify.sft_metrics(summaries),
+        metrics=sft_checks.sft_metrics(summaries),
     )
     print(
         json.dumps(
