@@ -24,14 +24,14 @@ import time
 
 import chz
 
-from cortex_recipes import profiles
+from cortex_recipes import driver, profiles
 from cortex_recipes.models import load_tokenizer
 from cortex_recipes.primerl.launch import installed_commits, primerl_python
 from cortex_recipes.profiles import ProfileError
 from cortex_recipes.reconnect import is_recoverable
 from cortex_recipes.rl.grpo import greedy_eval
 from cortex_recipes.rl.profile import GRPOProfile, load_grpo_profile
-from cortex_recipes.run import Run, RunConfig, open_run, profile_field
+from cortex_recipes.run import Run, RunConfig, profile_field
 from cortex_recipes.training_job import Trainer
 
 log = logging.getLogger("recipes.rl.async_grpo")
@@ -48,9 +48,7 @@ class Config(RunConfig):
 
 
 def main(config: Config) -> dict:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    driver.start_logging()
     profile = load_grpo_profile(config.profile, config.overrides)
     if not profile.is_async:
         raise ProfileError(
@@ -58,10 +56,7 @@ def main(config: Config) -> dict:
             "synchronous profiles belong to recipes/rl/math_grpo"
         )
     primerl_python()  # fail closed before anything is started or written
-    run = open_run(
-        "async_grpo", profile, config,
-        log_path=config.log_path, run_name=config.run_name, if_exists=config.if_exists,
-    )  # fmt: skip
+    run = config.open_run("async_grpo", profile)
     if run.finished:
         return run.finished
     reconnects = 0
@@ -75,13 +70,41 @@ def main(config: Config) -> dict:
             reconnects += 1
             log.warning(
                 "lost the backend (%s: %s); reconnect %d/%d, resuming after step %d",
-                type(exc).__name__,
-                exc,
-                reconnects,
-                config.max_reconnects,
+                type(exc).__name__, exc, reconnects, config.max_reconnects,
                 (run.checkpoints.steps() or [0])[-1],
-            )
+            )  # fmt: skip
             time.sleep(min(2.0**reconnects, 30.0))
+
+
+class Evals:
+    """The run's greedy evals on the fixed eval set (Math GRPO evaluates on the same): before
+    training (on a resume, the first command's, carried in every resume point) and of the last
+    version, which prime-rl's loop asks for before it records the last step."""
+
+    def __init__(self, client, trainer: Trainer, profile: GRPOProfile, run, max_steps: int):
+        self.client, self.trainer, self.profile, self.max_steps = (
+            client,
+            trainer,
+            profile,
+            max_steps,
+        )
+        self.tokenizer = load_tokenizer(profile.model)
+        _, self.eval_env = profile.envs()
+        self.history = list(run.resume["evals"]) if run.resume else [self.at(0)]
+        self.last: dict | None = None
+
+    def at(self, step: int) -> dict:
+        found = greedy_eval(
+            self.client, self.trainer.job_id, self.tokenizer, self.eval_env,
+            self.profile.eval_max_tokens,
+        )  # fmt: skip
+        log.info("eval at step %d: accuracy %.3f", step, found["accuracy"])
+        return {"step": step, "accuracy": found["accuracy"], "correct": found["correct"]}
+
+    def of_last_version(self) -> float:
+        self.trainer.sync()  # the sampler may hold the previous version: evaluate the last one
+        self.last = self.at(self.max_steps)
+        return self.last["accuracy"]
 
 
 def train(config: Config, profile: GRPOProfile, run: Run, reconnects: int = 0) -> dict:
@@ -91,48 +114,30 @@ def train(config: Config, profile: GRPOProfile, run: Run, reconnects: int = 0) -
     from recipes.rl.async_grpo.loop import run_primerl
 
     max_steps = config.max_steps or profile.max_steps
-    tokenizer = load_tokenizer(profile.model)
-    _, eval_env = profile.envs()  # the fixed eval set (Math GRPO evaluates on the same)
     with run.connect(config.connection, client_options={"poll_timeout": 1800.0}) as client:
         trainer = Trainer.start(
             client, profile.sub_jobs(), run, weight_format=profile.weight_format
         )
-
-        def evaluate(step: int) -> dict:
-            found = greedy_eval(
-                client, trainer.job_id, tokenizer, eval_env, profile.eval_max_tokens
-            )
-            log.info("eval at step %d: accuracy %.3f", step, found["accuracy"])
-            return {"step": step, "accuracy": found["accuracy"], "correct": found["correct"]}
-
-        # On resume the before-training eval is the first run's (this job starts elsewhere).
-        evals = list(run.resume["evals"]) if run.resume else [evaluate(0)]
-        last: list[dict] = []
-
-        def evaluate_last() -> float:
-            # the sampler may hold the previous version: evaluate the last one
-            trainer.sync()
-            last.append(evaluate(max_steps))
-            return last[-1]["accuracy"]
-
+        evals = Evals(client, trainer, profile, run, max_steps)
         out = run_primerl(
             client, profile, run, max_steps=max_steps, job_id=trainer.job_id,
-            state={"evals": evals}, evaluate_last=evaluate_last,
+            state={"evals": evals.history}, evaluate_last=evals.of_last_version,
         )  # fmt: skip
-        if not last:  # the last step was recorded before a kill: evaluate its weights now
-            evaluate_last()
-        evals.append(last[-1])
+        if evals.last is None:  # the last step was recorded before a kill: evaluate it now
+            evals.of_last_version()
         client.cancel_job(trainer.job_id)
-    summary = {
-        "profile": profile.name,
-        "config_hash": profile.config_hash,
-        **out,
-        "max_off_policy_steps": profile.orchestrator.max_off_policy_steps,
-        "reconnects": reconnects,
-        # which prime-rl and verifiers ran (issue 34: the evidence did not say)
-        "primerl": installed_commits(primerl_python()),
-    }
-    return run.summary({**summary, "eval_accuracy": evals})
+    return run.summary(
+        {
+            "profile": profile.name,
+            "config_hash": profile.config_hash,
+            **out,
+            "max_off_policy_steps": profile.orchestrator.max_off_policy_steps,
+            "reconnects": reconnects,
+            # which prime-rl and verifiers ran (install.sh's record, else pip's)
+            "primerl": installed_commits(primerl_python()),
+            "eval_accuracy": [*evals.history, evals.last],
+        }
+    )
 
 
 def summary_line(out: dict) -> str:
