@@ -35,6 +35,7 @@ from typing import Any
 from cortex_recipes.provenance import config_hash
 
 __all__ = [
+    "JourneyProfile",
     "ProfileError",
     "config_hash",
     "describe",
@@ -91,6 +92,36 @@ def read_profile_file(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ProfileError(f"profile {path} must hold an object, got {type(data).__name__}")
     return data
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JourneyProfile:
+    """What every journey's profile holds, once: its name and purpose, the token budget of a
+    row, the seed, the sub-jobs' dtype and GPUs, and where it was read from. A journey's
+    profile extends it with its own fields (``@dataclass(frozen=True)``; these are
+    keyword-only, so a journey's required fields may follow them)."""
+
+    name: str = setting(doc="the profile name (the file's stem)")
+    description: str = setting("", doc="what the profile is for")
+    max_seq_len: int = setting(
+        gt=0, doc="tokens per row: prompt and completion, or a whole episode (rows are cut here)"
+    )
+    seed: int = setting(0, doc="seed of the run: data order, sampling and the sub-jobs")
+    dtype: str = setting("float32", doc="model dtype of the sub-jobs")
+    n_gpus: int = setting(1, ge=1, doc="GPUs per sub-job (hosted semantics)")
+    # Not in the file: where it was read from and what it held (with any overrides).
+    path: Path = dataclasses.field(default=Path(), metadata={"internal": True})
+    raw: dict[str, Any] = dataclasses.field(default_factory=dict, metadata={"internal": True})
+
+    @property
+    def config_hash(self) -> str:
+        """The hash a record pins this profile with (of ``raw``: the file plus overrides)."""
+        return config_hash(self.raw)
+
+    @property
+    def recipe_dir(self) -> Path:
+        """The journey folder (the one holding configs/): relative data is read from it."""
+        return self.path.parent.parent.resolve()
 
 
 def file_fields(cls: type) -> dict[str, dataclasses.Field]:

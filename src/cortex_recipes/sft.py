@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -92,22 +92,19 @@ class EvalSpec:
 
 
 @dataclass(frozen=True)
-class SFTProfile:
+class SFTProfile(profiles.JourneyProfile):
     """A conversational SFT profile (configs/*.json)."""
 
-    name: str = setting(doc="the profile name (the file's stem)")
     model_name: str = setting(doc="a fixture name, a hub name or a local model directory")
     dataset: str = setting(
         doc="rows of {messages: [...]}: a .json/.jsonl/.parquet file relative to the recipe "
         "folder, or hub:<owner>/<name>@<commit>[:<split>] (docs/datasets.md)"
     )
-    max_seq_len: int = setting(gt=0, doc="rows are cut to this many tokens before the shift")
     batch_size: int = setting(
         gt=0, doc="conversations per optimiser step, across all GPUs (the global batch)"
     )
     steps: int = setting(gt=0, doc="optimiser steps")
     learning_rate: float = setting(gt=0, doc="AdamW learning rate")
-    description: str = setting("", doc="what the profile is for")
     renderer: str = setting("chat_template", choices=RENDERERS, doc="how messages become ids")
     train_on: str = setting(
         TrainOnWhat.ALL_ASSISTANT_MESSAGES.value,
@@ -115,30 +112,15 @@ class SFTProfile:
         doc="which assistant tokens are supervised",
     )
     weight_decay: float = setting(0.0, ge=0, doc="AdamW weight decay")
-    seed: int = setting(0, doc="seed of the batch order and of the sub-jobs")
-    dtype: str = setting("float32", doc="model dtype of the sub-jobs")
-    n_gpus: int = setting(1, ge=1, doc="GPUs per sub-job (hosted semantics)")
     training: dict[str, Any] = setting(
         default_factory=dict,
         doc="passed through to training_config (peft_config, gradient_clipping, prime_rl, ...)",
     )
     eval: EvalSpec | None = setting(None, doc="greedy evaluation before and after training")
     validated_on: str = setting("", doc="where the profile was last run (free text)")
-    # Not in the file: where it was read from and what it held (with any overrides).
-    path: Path = field(default=Path(), metadata={"internal": True})
-    raw: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
 
     def check(self) -> str | None:
         return batch_problem(self.training, self.batch_size, self.n_gpus, "batch_size")
-
-    @property
-    def config_hash(self) -> str:
-        return profiles.config_hash(self.raw)
-
-    @property
-    def recipe_dir(self) -> Path:
-        """The folder a relative ``dataset`` is read from (the one holding configs/)."""
-        return self.path.parent.parent.resolve()
 
     @property
     def dataset_path(self) -> Path:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +32,15 @@ class Reward:
 
 
 @dataclass(frozen=True)
-class OPDProfile:
+class OPDProfile(profiles.JourneyProfile):
     """An on-policy distillation profile (recipes/distillation/on_policy/configs/*.json)."""
 
-    name: str = setting(doc="the profile name (the file's stem)")
     student_model: str = setting(doc="the model that trains (a fixture, hub name or directory)")
     teacher_model: str = setting(doc="the frozen teacher; it must share the student's tokenizer")
     prompts: str = setting(
         doc="rows of {prompt: ...}: a .json/.jsonl/.parquet file relative to the recipe "
         "folder, or hub:<owner>/<name>@<commit>[:<split>] (docs/datasets.md)"
     )
-    max_seq_len: int = setting(gt=0, doc="prompt + completion tokens per rollout")
     rollouts_per_step: int = setting(
         gt=0, doc="student rollouts per optimiser step, across all GPUs (the global batch)"
     )
@@ -50,7 +48,6 @@ class OPDProfile:
     steps: int = setting(gt=0, doc="optimiser steps")
     learning_rate: float = setting(gt=0, doc="AdamW learning rate")
     teacher_tau: float = setting(ge=0, doc="weight of the teacher term; 0 turns the teacher off")
-    description: str = setting("", doc="what the profile is for")
     teacher_sft: str | None = setting(
         None,
         doc="an SFT journey profile (recipes/sft/conversational/configs/<name>.json) whose "
@@ -70,9 +67,6 @@ class OPDProfile:
     )
     temperature: float = setting(1.0, ge=0, doc="student sampling temperature")
     eval_interval: int = setting(5, ge=1, doc="evaluate every this many steps (and the last)")
-    seed: int = setting(0, doc="seed of the prompt draws, the rollouts and the sub-jobs")
-    dtype: str = setting("float32", doc="model dtype of the sub-jobs")
-    n_gpus: int = setting(1, ge=1, doc="GPUs per sub-job (hosted semantics)")
     training: dict[str, Any] = setting(
         default_factory=dict, doc="passed through to training_config (peft_config, ...)"
     )
@@ -92,8 +86,6 @@ class OPDProfile:
         doc="start-up alignment probe: the largest mean |forward - sampler| "
         "logprob (nats) over the probe's tokens; an off-by-one scorer differs by nats",
     )
-    path: Path = field(default=Path(), metadata={"internal": True})
-    raw: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
 
     def check(self) -> str | None:
         problem = batch_problem(self.training, self.rollouts_per_step, self.n_gpus,
@@ -120,15 +112,6 @@ class OPDProfile:
                 f"got {self.teacher_clip!r}"
             )
         return None
-
-    @property
-    def config_hash(self) -> str:
-        return profiles.config_hash(self.raw)
-
-    @property
-    def recipe_dir(self) -> Path:
-        """The folder relative data sources are read from (holds configs/)."""
-        return self.path.parent.parent.resolve()
 
     def prompt_texts(self) -> list[str]:
         """The ``prompt`` column of ``prompts``, through ``datasets`` (cortex_recipes.data)."""

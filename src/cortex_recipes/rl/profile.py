@@ -11,7 +11,7 @@ override any field from the command line.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -133,25 +133,17 @@ class Ckpt:
 
 
 @dataclass(frozen=True)
-class GRPOProfile:
+class GRPOProfile(profiles.JourneyProfile):
     """A GRPO profile (recipes/rl/*/configs/*.json)."""
 
-    name: str = setting(doc="the profile name (the file's stem)")
     model: str = setting(doc="a fixture name, a hub name or a local model directory")
-    max_seq_len: int = setting(gt=0, doc="prompt + completion tokens per rollout")
     max_steps: int = setting(gt=0, doc="optimiser steps")
     trainer: Trainer = setting(doc="the training sub-job")
     orchestrator: Orchestrator = setting(doc="rollouts per step and the policy-lag bounds")
     env: Env = setting(doc="the training environment")
-    description: str = setting("", doc="what the profile is for")
-    dtype: str = setting("float32", doc="model dtype of the sub-jobs")
-    n_gpus: int = setting(1, ge=1, doc="GPUs per sub-job (hosted semantics)")
-    seed: int = setting(0, doc="seed of the rollouts and of the sub-jobs")
     weight_format: str = setting("hf", choices=WEIGHT_FORMATS, doc="weight sync format")
     eval: Eval = setting(default_factory=Eval, doc="greedy evaluation")
     ckpt: Ckpt | None = setting(None, doc="resumable checkpoints")
-    path: Path = field(default=Path(), metadata={"internal": True})
-    raw: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
 
     def check(self) -> str | None:
         if self.weight_format == "lora" and not self.trainer.training.get("peft_config"):
@@ -161,10 +153,6 @@ class GRPOProfile:
             "orchestrator.batch_size",
         )  # fmt: skip
         return problem and problem.replace("training.ds_config", "trainer.training.ds_config")
-
-    @property
-    def config_hash(self) -> str:
-        return profiles.config_hash(self.raw)
 
     @property
     def group_size(self) -> int:
@@ -185,11 +173,6 @@ class GRPOProfile:
     def sampling_params(self) -> dict[str, Any]:
         s = self.orchestrator.sampling
         return {"max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p}
-
-    @property
-    def recipe_dir(self) -> Path:
-        """The folder a relative ``env.tasks`` or ``eval.tasks`` is read from (holds configs/)."""
-        return self.path.parent.parent.resolve()
 
     def envs(self):
         """The training environment and the fixed eval set: task files when ``env.tasks`` /

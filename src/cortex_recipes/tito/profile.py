@@ -6,7 +6,7 @@ Typed by :mod:`cortex_recipes.profiles`; ``rl.steps=2`` and the like override an
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,16 +80,13 @@ class Ckpt:
 
 
 @dataclass(frozen=True)
-class TitoProfile:
+class TitoProfile(profiles.JourneyProfile):
     """A TITO profile (recipes/agentic/tito/configs/*.json)."""
 
-    name: str = setting(doc="the profile name (the file's stem)")
     model: str = setting(doc="a fixture name, a hub name or a local model directory")
     renderer: str = setting(choices=RENDERERS, doc="a renderer with a token-exact bridge")
-    max_seq_len: int = setting(gt=0, doc="tokens per episode")
     warm_start: WarmStart = setting(doc="SFT on demonstrations before RL")
     rl: RL = setting(doc="the RL phase")
-    description: str = setting("", doc="what the profile is for")
     tasks: str = setting(
         "data/glossary.jsonl",
         doc="the glossary: a file (.json, .jsonl, .parquet; relative to the recipe folder) or "
@@ -119,16 +116,11 @@ class TitoProfile:
         doc="run on a copy of the model with the renderer's missing special tokens added (a "
         "ChatML model such as SmolLM2 without tool tokens; local backend only)",
     )
-    dtype: str = setting("float32", doc="model dtype of the sub-jobs")
-    n_gpus: int = setting(1, ge=1, doc="GPUs per sub-job (hosted semantics)")
-    seed: int = setting(0, doc="seed of the tasks, the demonstrations and the sub-jobs")
     training: dict[str, Any] = setting(
         default_factory=dict, doc="passed through to training_config (peft_config, ...)"
     )
     eval: Eval = setting(default_factory=Eval, doc="greedy evaluation")
     ckpt: Ckpt = setting(default_factory=Ckpt, doc="resumable checkpoints")
-    path: Path = field(default=Path(), metadata={"internal": True})
-    raw: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
 
     def check(self) -> str | None:
         if self.rl.play_together > MAX_PLAY_TOGETHER:
@@ -152,18 +144,9 @@ class TitoProfile:
         )
 
     @property
-    def recipe_dir(self) -> Path:
-        """The folder a relative ``tasks`` is read from (holds configs/)."""
-        return self.path.parent.parent.resolve()
-
-    @property
     def weight_format(self) -> str:
         """How weights reach the sampler: the LoRA adapter alone under peft, else full weights."""
         return "lora" if self.training.get("peft_config") else "hf"
-
-    @property
-    def config_hash(self) -> str:
-        return profiles.config_hash(self.raw)
 
     def sub_jobs(self, model: str | None = None) -> list:
         """The sub-jobs, on ``model`` (a prepared copy of the profile's) when given."""
