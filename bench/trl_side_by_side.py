@@ -196,7 +196,7 @@ def trl_grpo(steps: int, work: Path) -> dict:
 
     from cortex_recipes.models import load_causal_lm, load_tokenizer
     from cortex_recipes.rl.grpo import task_order
-    from cortex_recipes.rl.profile import load_grpo_profile
+    from cortex_recipes.rl.grpo_profile import load_grpo_profile
 
     started = time.perf_counter()
     profile = load_grpo_profile(GRPO_PROFILE, ())

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cortex_recipes.local.batcher import Batcher, Limits, Pending
-from cortex_recipes.local.sampling import SamplingParams, _Row
+from cortex_recipes.local.decoding import SamplingParams, _Row
 from cortex_recipes.models import load_causal_lm, load_tokenizer
 from cortex_recipes.models.fixtures import TINY_QWEN3
 

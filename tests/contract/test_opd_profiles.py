@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from cortex_recipes.distill.profile import load_opd_profile
+from cortex_recipes.distill.opd_profile import load_opd_profile
 from cortex_recipes.distill.teacher import teacher_baseline
 from cortex_recipes.profiles import ProfileError
 

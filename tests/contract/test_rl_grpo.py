@@ -12,7 +12,7 @@ from cortex_training import wire
 from cortex_recipes.envs.math import MathEnv, MathEnvError, extract_answer
 from cortex_recipes.profiles import ProfileError
 from cortex_recipes.rl.grpo import ScoredGroup, group_advantages, group_seed, grpo_frame, task_order
-from cortex_recipes.rl.profile import load_grpo_profile
+from cortex_recipes.rl.grpo_profile import load_grpo_profile
 from cortex_recipes.rollouts import Rollout, rollouts_from_results
 from tests import extras
 

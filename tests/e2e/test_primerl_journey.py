@@ -16,7 +16,7 @@ import pytest
 from cortex_recipes import profiles
 from cortex_recipes.primerl import broadcasts, resume
 from cortex_recipes.primerl.launch import ENV_VAR
-from cortex_recipes.rl.profile import GRPOProfile
+from cortex_recipes.rl.grpo_profile import GRPOProfile
 from recipes.rl.async_grpo import train
 from tests import extras
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cortex_recipes.local import LocalBackend
-from cortex_recipes.local.registry import SPARE_ENV
+from cortex_recipes.local.jobs import SPARE_ENV
 
 from .conftest import training
 from .test_local_backend import batch, ce_frame

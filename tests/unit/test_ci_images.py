@@ -84,7 +84,7 @@ def _project_imports(path: Path) -> set[str]:
 # never takes (the stage's RUN builds FIXTURE_MODELS only).
 LAZY_OUTSIDE_FIXTURES = {
     # _hub_snapshot: resolving a Hub model's pinned revision, not a fixture
-    "src/cortex_recipes/models/registry.py imports cortex_recipes.weights",
+    "src/cortex_recipes/models/resolve.py imports cortex_recipes.weights",
 }
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from cortex_recipes import sft
 from cortex_recipes.data import DataError, load_records, parse_source, prompt_column
-from cortex_recipes.distill.profile import load_opd_profile
+from cortex_recipes.distill.opd_profile import load_opd_profile
 
 pytestmark = pytest.mark.unit
 
@@ -182,7 +182,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 def test_grpo_task_files_load_through_datasets_and_score_the_first_integer(tmp_path):
-    from cortex_recipes.rl.profile import load_grpo_profile
+    from cortex_recipes.rl.grpo_profile import load_grpo_profile
 
     jsonl = write_jsonl(tmp_path / "tasks.jsonl", TASKS)
     # integer answers in the Parquet file: read as their decimal strings
@@ -212,7 +212,7 @@ def test_grpo_task_files_load_through_datasets_and_score_the_first_integer(tmp_p
 
 
 def test_a_grpo_task_file_with_too_few_rows_or_a_bad_answer_is_refused(tmp_path):
-    from cortex_recipes.rl.profile import load_grpo_profile
+    from cortex_recipes.rl.grpo_profile import load_grpo_profile
 
     jsonl = write_jsonl(tmp_path / "tasks.jsonl", TASKS)
     with pytest.raises(DataError, match=r"env.tasks=.* has 3 rows, fewer than the 1000"):
@@ -243,7 +243,7 @@ def test_the_tito_glossary_loads_through_datasets_and_drives_tasks_and_tool(tmp_
         glossary_config,
         load_facts,
     )
-    from cortex_recipes.tito.profile import load_tito_profile
+    from cortex_recipes.tito.tito_profile import load_tito_profile
 
     default = load_tito_profile(TITO_CONFIG)
     assert load_facts("tasks", default.tasks, default.recipe_dir) == FACTS  # the checked-in file

@@ -8,10 +8,10 @@ import dataclasses
 import pytest
 
 from cortex_recipes import grpo_loss
-from cortex_recipes.distill.profile import OPDProfile
+from cortex_recipes.distill.opd_profile import OPDProfile
 from cortex_recipes.local.errors import BackendError
 from cortex_recipes.local.loss_schemas import parse_processing
-from cortex_recipes.tito.profile import RL
+from cortex_recipes.tito.tito_profile import RL
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cortex_recipes import frames
-from cortex_recipes.distill.profile import load_opd_profile
+from cortex_recipes.distill.opd_profile import load_opd_profile
 from cortex_recipes.profiles import ProfileError
 from recipes.distillation.on_policy import checks
 from recipes.distillation.on_policy.data import identity_prompts

@@ -14,7 +14,7 @@ from tests import extras
 pytest.importorskip("msgspec", reason=extras.reason("grpo"))
 
 from cortex_recipes.rl.grpo import task_order
-from cortex_recipes.rl.profile import load_grpo_profile
+from cortex_recipes.rl.grpo_profile import load_grpo_profile
 from recipes.rl.async_grpo import loop as journey
 
 pytestmark = pytest.mark.unit

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from cortex_recipes import profiles
-from cortex_recipes.distill.profile import load_opd_profile
+from cortex_recipes.distill.opd_profile import load_opd_profile
 from cortex_recipes.journeys import load_journeys, profile_loader
 from cortex_recipes.profiles import ProfileError
-from cortex_recipes.rl.profile import GRPOProfile, load_grpo_profile
+from cortex_recipes.rl.grpo_profile import GRPOProfile, load_grpo_profile
 from cortex_recipes.sft import SFTProfile, load_profile
-from cortex_recipes.tito.profile import load_tito_profile
+from cortex_recipes.tito.tito_profile import load_tito_profile
 
 pytestmark = pytest.mark.unit
 

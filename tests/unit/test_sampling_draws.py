@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cortex_recipes.local.sampling import SamplingParams, _advance, _Row
+from cortex_recipes.local.decoding import SamplingParams, _advance, _Row
 
 pytestmark = pytest.mark.unit
 

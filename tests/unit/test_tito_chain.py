@@ -21,7 +21,7 @@ from cortex_recipes.envs.glossary import (
     task_reward,
 )
 from cortex_recipes.profiles import ProfileError
-from cortex_recipes.tito.profile import load_tito_profile
+from cortex_recipes.tito.tito_profile import load_tito_profile
 from cortex_recipes.tito.training import chain_demonstration, completed_chains
 from recipes.agentic.tito.data import chain
 

@@ -22,7 +22,7 @@ from cortex_recipes.envs.glossary import (
     named,
     task_reward,
 )
-from cortex_recipes.tito.profile import load_tito_profile
+from cortex_recipes.tito.tito_profile import load_tito_profile
 from cortex_recipes.tito.training import compare_demonstration
 from recipes.agentic.tito.data import towns
 

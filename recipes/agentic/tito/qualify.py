@@ -38,7 +38,7 @@ import chz
 
 from cortex_recipes.intervals import paired_difference
 from cortex_recipes.qualify import record_evidence, work_dir
-from cortex_recipes.tito.profile import load_tito_profile
+from cortex_recipes.tito.tito_profile import load_tito_profile
 from recipes.agentic.tito.train import Config as TrainConfig
 from recipes.agentic.tito.train import main as train
 

@@ -56,8 +56,8 @@ from cortex_recipes.tito.batching import LockstepBatcher, sdk_generate_rows
 from cortex_recipes.tito.episode import run_episode
 from cortex_recipes.tito.gateway import Gateway, create_gateway_app
 from cortex_recipes.tito.prefix import check_linear_history
-from cortex_recipes.tito.profile import TitoProfile, load_tito_profile
 from cortex_recipes.tito.schedule import TaskSampler, pending_from_json, pending_to_json
+from cortex_recipes.tito.tito_profile import TitoProfile, load_tito_profile
 from cortex_recipes.tito.tool_model import with_renderer_tokens
 from cortex_recipes.tito.training import (
     chain_demonstration,

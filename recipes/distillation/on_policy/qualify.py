@@ -19,7 +19,7 @@ from pathlib import Path
 import chz
 
 from cortex_recipes import qualify
-from cortex_recipes.distill.profile import load_opd_profile
+from cortex_recipes.distill.opd_profile import load_opd_profile
 from cortex_recipes.run import runs_root
 from recipes.distillation.on_policy import checks as opd_checks
 from recipes.distillation.on_policy.train import Config, main

@@ -32,7 +32,7 @@ import torch
 
 from cortex_recipes import completions, driver, frames, profiles, progress, raw_forward
 from cortex_recipes.distill import teacher as teacher_lib
-from cortex_recipes.distill.profile import OPDProfile, load_opd_profile
+from cortex_recipes.distill.opd_profile import OPDProfile, load_opd_profile
 from cortex_recipes.models import load_tokenizer
 from cortex_recipes.rl.grpo import group_advantages
 from cortex_recipes.rollouts import Rollout, rollouts_from_results

@@ -35,7 +35,7 @@ import chz
 from cortex_recipes.intervals import bootstrap_mean
 from cortex_recipes.qualify import record_evidence, work_dir
 from cortex_recipes.rl.checks import eval_gain
-from cortex_recipes.rl.profile import load_grpo_profile
+from cortex_recipes.rl.grpo_profile import load_grpo_profile
 from recipes.rl.async_grpo.checks import primerl_checks
 
 log = logging.getLogger("recipes.rl.async_grpo.qualify")

@@ -35,7 +35,7 @@ import requests
 from cortex_recipes import frames, profiles
 from cortex_recipes.models import load_tokenizer, resolve_model_path
 from cortex_recipes.primerl.launch import ENV_VAR
-from cortex_recipes.rl.profile import GRPOProfile, load_grpo_profile
+from cortex_recipes.rl.grpo_profile import GRPOProfile, load_grpo_profile
 from cortex_recipes.run import RunConfig, open_run, profile_field
 from cortex_recipes.training_job import Trainer
 

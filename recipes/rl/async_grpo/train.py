@@ -30,7 +30,7 @@ from cortex_recipes.primerl.launch import installed_commits, primerl_python
 from cortex_recipes.profiles import ProfileError
 from cortex_recipes.reconnect import is_recoverable
 from cortex_recipes.rl.grpo import greedy_eval
-from cortex_recipes.rl.profile import GRPOProfile, load_grpo_profile
+from cortex_recipes.rl.grpo_profile import GRPOProfile, load_grpo_profile
 from cortex_recipes.run import Run, RunConfig, profile_field
 from cortex_recipes.training_job import Trainer
 

@@ -18,7 +18,7 @@ import chz
 from cortex_recipes.intervals import bootstrap_mean
 from cortex_recipes.qualify import record_evidence, work_dir
 from cortex_recipes.rl.checks import eval_gain, learning_checks
-from cortex_recipes.rl.profile import load_grpo_profile
+from cortex_recipes.rl.grpo_profile import load_grpo_profile
 from recipes.rl.math_grpo.train import Config as TrainConfig
 from recipes.rl.math_grpo.train import main as train
 

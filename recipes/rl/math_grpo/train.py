@@ -30,7 +30,7 @@ from cortex_recipes import completions, driver, frames, profiles
 from cortex_recipes.models import load_tokenizer
 from cortex_recipes.profiles import ProfileError
 from cortex_recipes.rl.grpo import ScoredGroup, greedy_eval, group_seed, grpo_frame, task_order
-from cortex_recipes.rl.profile import GRPOProfile, load_grpo_profile
+from cortex_recipes.rl.grpo_profile import GRPOProfile, load_grpo_profile
 from cortex_recipes.rollouts import rollouts_from_results
 from cortex_recipes.run import RunConfig, profile_field
 from cortex_recipes.sampling import chat_prompt_ids, generate

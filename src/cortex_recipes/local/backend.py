@@ -1,6 +1,6 @@
 """The local backend's parts, wired together once: what the HTTP routes call.
 
-- :class:`~cortex_recipes.local.registry.JobRegistry`: jobs, sub-jobs, workers, placement;
+- :class:`~cortex_recipes.local.jobs.JobRegistry`: jobs, sub-jobs, workers, placement;
 - :class:`~cortex_recipes.local.dispatch.Dispatcher`: work as asynchronous requests;
 - :class:`~cortex_recipes.local.data_plane.DataPlane`: forward-backward, step, save, load,
   generate, checkpoints, polling;
@@ -15,8 +15,8 @@ from typing import Any
 
 from cortex_recipes.local.data_plane import DataPlane
 from cortex_recipes.local.dispatch import Dispatcher
+from cortex_recipes.local.jobs import JobRegistry
 from cortex_recipes.local.operations import run_operation
-from cortex_recipes.local.registry import JobRegistry
 from cortex_recipes.local.request_store import POLL_HOLD_S
 
 

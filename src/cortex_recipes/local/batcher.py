@@ -5,7 +5,7 @@ Invariants:
 - A worker has one running batch: a left-padded KV cache (a ``DynamicCache`` of full-attention
   layers), its attention mask, and one slot per row holding the token the row feeds next and
   that token's position id. Every row keeps its own sampling parameters and generator
-  (:mod:`cortex_recipes.local.sampling`), so requests with different parameters share a step.
+  (:mod:`cortex_recipes.local.decoding`), so requests with different parameters share a step.
 - Rows wait in arrival order. At each step boundary as many as fit are admitted: at most
   ``max_rows`` rows run at once, and the running rows' ``prompt + max_tokens`` sum to at most
   ``max_tokens`` (a single larger row still runs, alone). Admitted rows are prefilled together
@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import DynamicLayer
 
+from cortex_recipes.local.decoding import _advance, _Row
 from cortex_recipes.local.errors import BackendError
-from cortex_recipes.local.sampling import _advance, _Row
 from cortex_recipes.local.specs import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 
 

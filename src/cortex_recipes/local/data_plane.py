@@ -20,7 +20,7 @@ from typing import Any
 from cortex_recipes.local import bodies, frame_checks, generate_params
 from cortex_recipes.local.dispatch import Dispatcher, route, training_sub_job, worker_result
 from cortex_recipes.local.errors import BackendError
-from cortex_recipes.local.registry import Job, JobRegistry
+from cortex_recipes.local.jobs import Job, JobRegistry
 from cortex_recipes.local.specs import abridge
 
 log = logging.getLogger(__name__)

@@ -18,10 +18,10 @@ from typing import Any
 from cortex_training import wire
 
 from cortex_recipes.local.errors import BackendError
-from cortex_recipes.local.registry import Job
+from cortex_recipes.local.jobs import Job
 from cortex_recipes.local.request_store import Request
 from cortex_recipes.local.specs import JOB_TYPES, SubJobSpec, abridge
-from cortex_recipes.local.workers import WorkerDied, WorkerStopped
+from cortex_recipes.local.worker_handles import WorkerDied, WorkerStopped
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """``generate`` frames: the prompts (text or token ids, bounded in number and size) and the
 sampling parameters, normalised into :class:`GenerateRow` s and
-:class:`~cortex_recipes.local.sampling.SamplingParams` the sampling worker trusts. The one
+:class:`~cortex_recipes.local.decoding.SamplingParams` the sampling worker trusts. The one
 thing only the worker can check is a text prompt's token length.
 """
 
@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from cortex_recipes.local.bodies import MAX_ABS_INT, MAX_TEMPERATURE, boolean, integer, number
+from cortex_recipes.local.decoding import SamplingParams
 from cortex_recipes.local.errors import BackendError
-from cortex_recipes.local.sampling import SamplingParams
 from cortex_recipes.local.specs import (
     MAX_SEED,
     abridge,

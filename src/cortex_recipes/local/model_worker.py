@@ -33,11 +33,11 @@ from cortex_training import wire
 
 from cortex_recipes.local import checkpoints, processors
 from cortex_recipes.local.batcher import Pending
+from cortex_recipes.local.decoding import _Row
 from cortex_recipes.local.errors import BackendError
 from cortex_recipes.local.frame_checks import frame_temperature
 from cortex_recipes.local.generate_params import GenerateRow
 from cortex_recipes.local.loss_schemas import Processing
-from cortex_recipes.local.sampling import _Row
 from cortex_recipes.local.specs import WorkerSpec
 
 # Model types whose causal-LM logits are exactly ``lm_head(model(x).last_hidden_state)`` (no

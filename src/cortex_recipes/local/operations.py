@@ -15,7 +15,7 @@ from cortex_recipes.local import bodies, hosted
 from cortex_recipes.local.data_plane import DataPlane
 from cortex_recipes.local.dispatch import Dispatcher, route
 from cortex_recipes.local.errors import BackendError
-from cortex_recipes.local.registry import JobRegistry
+from cortex_recipes.local.jobs import JobRegistry
 from cortex_recipes.local.specs import JOB_TYPES, abridge
 from cortex_recipes.local.weight_sync import start_weight_sync
 

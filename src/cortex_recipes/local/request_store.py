@@ -28,7 +28,7 @@ from typing import Any
 from cortex_training import wire
 
 from cortex_recipes.local.errors import BackendError, NotFound
-from cortex_recipes.local.workers import WorkerCancelled, WorkerReply, WorkerStopped
+from cortex_recipes.local.worker_handles import WorkerCancelled, WorkerReply, WorkerStopped
 
 # Enough for every request a journey polls to stay pollable; a bound on the memory results hold.
 MAX_REQUESTS_KEPT = 512

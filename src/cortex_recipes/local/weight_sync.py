@@ -19,7 +19,7 @@ from typing import Any
 
 from cortex_recipes.local.dispatch import Dispatcher, route, worker_result
 from cortex_recipes.local.errors import BackendError
-from cortex_recipes.local.registry import Job
+from cortex_recipes.local.jobs import Job
 from cortex_recipes.local.specs import abridge, reject_unknown_keys
 
 WEIGHT_FORMATS = ("vllm", "hf", "lora")

@@ -1,6 +1,6 @@
 """Model names -> local model directories: offline fixtures and locally present hub models."""
 
-from cortex_recipes.models.registry import (
+from cortex_recipes.models.resolve import (
     FIXTURE_MODELS,
     ModelNotAvailableError,
     build_fixture,

@@ -9,7 +9,7 @@
 Each builder writes a standard Hugging Face model directory (``config.json``,
 ``model.safetensors``, tokenizer files) into the directory it is given. This module imports
 nothing from the registry: a builder that starts from another fixture is handed that fixture's
-directory (:mod:`cortex_recipes.models.registry` builds and caches it first).
+directory (:mod:`cortex_recipes.models.resolve` builds and caches it first).
 """
 
 from __future__ import annotations

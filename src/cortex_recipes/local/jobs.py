@@ -31,8 +31,8 @@ from cortex_recipes.local.cores import CoreBalancer
 from cortex_recipes.local.errors import BackendError, Conflict, NotFound
 from cortex_recipes.local.request_store import POLL_HOLD_S, RequestStore
 from cortex_recipes.local.specs import SubJobSpec, WorkerSpec, abridge, parse_sub_jobs
+from cortex_recipes.local.worker_handles import WorkerHandle
 from cortex_recipes.local.worker_spawn import SparePool, worker_env
-from cortex_recipes.local.workers import WorkerHandle
 from cortex_recipes.models import FIXTURE_MODELS, ModelNotAvailableError, resolve_model_path
 
 log = logging.getLogger(__name__)
