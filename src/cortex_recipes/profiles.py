@@ -94,6 +94,13 @@ def read_profile_file(path: Path) -> dict[str, Any]:
     return data
 
 
+@dataclasses.dataclass(frozen=True)
+class Ckpt:
+    """A profile's ``ckpt`` section: resumable checkpoints."""
+
+    interval: int = setting(1, ge=1, doc="a resumable save every this many (RL) steps")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class JourneyProfile:
     """What every journey's profile holds, once: its name and purpose, the token budget of a

@@ -54,9 +54,9 @@ class Trainer:
         )  # fmt: skip
         return saved
 
-    def save_resumable(self, step: int, state: dict[str, Any]) -> float:
+    def save_resumable(self, step: int, state: dict[str, Any]) -> None:
         """A resumable trainer save, then ``state`` next to it (the order resume relies on);
-        returns the seconds it took."""
+        its ``checkpoints.jsonl`` line carries the seconds it took (``time/save_ckpt``)."""
         t0 = time.monotonic()
         saved = self.poll(self.client.save(self.job_id, checkpoint_type="resumable"))
         trainer = {"job_id": self.job_id, **{k: saved[k] for k in ("checkpoint_id", "stage_path")}}
@@ -67,7 +67,6 @@ class Trainer:
         self.run.checkpoint(
             step=step, checkpoint_type="resumable", **trainer, **{"time/save_ckpt": seconds}
         )
-        return seconds
 
     def load(self, checkpoint: dict[str, Any], *, sync: bool = True) -> None:
         """Load a resume state's trainer checkpoint (and, by default, sync the sampler)."""

@@ -43,7 +43,7 @@ class Config(RunConfig):
     profile: str = profile_field(DEFAULT_PROFILE)
     max_steps: int = profiles.count_field("0: the profile's max_steps")
     max_reconnects: int = profiles.count_field(
-        "reconnects after a lost backend before the run gives up", default=3, meaning=""
+        "reconnects after a lost backend before the run gives up", default=3
     )
 
 

@@ -17,29 +17,14 @@ from cortex_recipes.local.data_plane import DataPlane
 from cortex_recipes.local.dispatch import Dispatcher
 from cortex_recipes.local.jobs import JobRegistry
 from cortex_recipes.local.operations import run_operation
-from cortex_recipes.local.request_store import POLL_HOLD_S
 
 
 class Backend:
-    def __init__(
-        self,
-        state_dir: Path,
-        *,
-        device: str = "auto",
-        threads: int | None = None,
-        result_chunk_bytes: int = 8 * 1024 * 1024,
-        poll_wait_s: float = POLL_HOLD_S,
-        hosted: bool = False,
-    ):
+    def __init__(self, state_dir: Path, *, hosted: bool = False, **registry_options: Any):
+        """``registry_options``: :class:`~cortex_recipes.local.jobs.JobRegistry`'s (``device``,
+        ``threads``, ``result_chunk_bytes``, ``poll_wait_s``)."""
         self.hosted = hosted  # hosted-conformance mode (cortex_recipes.local.hosted)
-        self.registry = JobRegistry(
-            state_dir,
-            device=device,
-            threads=threads,
-            result_chunk_bytes=result_chunk_bytes,
-            poll_wait_s=poll_wait_s,
-            hosted=hosted,
-        )
+        self.registry = JobRegistry(state_dir, hosted=hosted, **registry_options)
         self.dispatcher = Dispatcher()
         self.data_plane = DataPlane(self.registry, self.dispatcher, hosted=hosted)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cortex_recipes import profiles
-from cortex_recipes.profiles import setting
+from cortex_recipes.profiles import Ckpt, setting
 from cortex_recipes.sub_jobs import batch_problem, journey_sub_jobs
 
 WEIGHT_FORMATS = ("hf", "lora")
@@ -123,13 +123,6 @@ class Eval:
         doc="eval problems from a file or a pinned Hub id, as env.tasks (the first "
         "num_examples rows); default: env.dataset's generator with this seed",
     )
-
-
-@dataclass(frozen=True)
-class Ckpt:
-    """Resumable checkpoints."""
-
-    interval: int = setting(1, ge=1, doc="a resumable save every this many steps")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 from cortex_recipes import profiles
 from cortex_recipes.grpo_loss import GRPOLoss
-from cortex_recipes.profiles import setting
+from cortex_recipes.profiles import Ckpt, setting
 from cortex_recipes.sub_jobs import batch_problem, journey_sub_jobs
 
 # A renderer with a token-exact bridge between turns; chat-template rendering cannot
@@ -70,13 +70,6 @@ class Eval:
     """Greedy evaluation."""
 
     max_tokens: int | None = setting(None, gt=0, doc="new tokens per greedy turn")
-
-
-@dataclass(frozen=True)
-class Ckpt:
-    """Resumable checkpoints."""
-
-    interval: int = setting(1, ge=1, doc="a resumable save every this many RL steps")
 
 
 @dataclass(frozen=True)
