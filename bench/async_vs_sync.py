@@ -100,12 +100,12 @@ def main() -> None:
     primerl_python()  # fail closed before the synchronous run
     work = Path(tempfile.mkdtemp(prefix="bench-async-vs-sync-"))
     sync_path = sync_profile(Path(args.profile), work / "sync-profile.json")
-    run_sync(SyncConfig(profile=str(sync_path), log_path=str(work / "sync"), max_steps=args.steps))
+    run_sync(SyncConfig(profile=str(sync_path), log_path=str(work / "sync"), steps=args.steps))
     run_async(
         AsyncConfig(
             profile=args.profile,
             log_path=str(work / "async"),
-            max_steps=args.steps,
+            steps=args.steps,
             if_exists="overwrite",
         )
     )

@@ -256,7 +256,7 @@ class Check:
         raw.update(
             name="gpu-check-tiny-qwen3",
             description="GPU check: tiny-qwen3 student distils from a tiny-qwen3 of another seed",
-            student_model="tiny-qwen3",
+            model="tiny-qwen3",
             teacher_model=teacher,
             prompts=str((OPD_BASE_PROFILE.parent.parent / raw["prompts"]).resolve()),
         )

@@ -59,7 +59,7 @@ def main() -> None:
                 profile=args.profile,
                 overrides=overrides,
                 log_path=str(work / name),
-                rl_steps=args.steps,
+                steps=args.steps,
                 warm_start_steps=args.warm_start_steps,
                 final_eval=False,
             )

@@ -105,7 +105,7 @@ def trl_sft(steps: int, work: Path) -> dict:
 
     started = time.perf_counter()
     profile = sft.load_profile(SFT_PROFILE, ())
-    tokenizer = load_tokenizer(profile.model_name)
+    tokenizer = load_tokenizer(profile.model)
     renderer = make_renderer(tokenizer, profile.renderer)
     rows = [
         truncate(
@@ -127,7 +127,7 @@ def trl_sft(steps: int, work: Path) -> dict:
         ]
     )
     torch.manual_seed(profile.seed)
-    model = load_causal_lm(profile.model_name, profile.dtype)
+    model = load_causal_lm(profile.model, profile.dtype)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token_id = frames.pad_id(tokenizer)
     timer = step_timer()
@@ -177,7 +177,7 @@ def project_grpo(steps: int, work: Path) -> dict:
     from recipes.rl.math_grpo.train import Config, main
 
     started = time.perf_counter()
-    main(Config(profile=GRPO_PROFILE, log_path=str(work / "grpo"), max_steps=steps))
+    main(Config(profile=GRPO_PROFILE, log_path=str(work / "grpo"), steps=steps))
     wall = time.perf_counter() - started
     records = read_metrics(work / "grpo")
     return {
@@ -218,7 +218,7 @@ def trl_grpo(steps: int, work: Path) -> dict:
     torch.manual_seed(profile.seed)
     model = load_causal_lm(profile.model, profile.dtype)
     sampling = profile.orchestrator.sampling
-    loss = profile.trainer.loss
+    loss = profile.loss
     timer = step_timer()
     args = GRPOConfig(
         output_dir=str(work / "trl-grpo"),
@@ -229,7 +229,7 @@ def trl_grpo(steps: int, work: Path) -> dict:
         top_p=1.0,
         top_k=0,
         max_steps=steps,
-        learning_rate=profile.trainer.learning_rate,
+        learning_rate=profile.learning_rate,
         lr_scheduler_type="constant",
         warmup_steps=0,
         weight_decay=0.0,
@@ -256,7 +256,7 @@ def trl_grpo(steps: int, work: Path) -> dict:
         args=args,
         train_dataset=data,
         processing_class=tokenizer,
-        peft_config=lora_config(profile.trainer.training["peft_config"]),
+        peft_config=lora_config(profile.training["peft_config"]),
         callbacks=[timer],
     )
     trainer.train()

@@ -213,9 +213,9 @@ def qualify_image(
 FIRST_STEP = {
     "sft": ["steps=1"],
     "opd": ["steps=1"],
-    "grpo": ["max_steps=1"],
-    "math_grpo": ["max_steps=1"],
-    "tito": ["warm_start_steps=1", "rl_steps=1", "final_eval=false"],  # one eval, not two
+    "grpo": ["steps=1"],
+    "math_grpo": ["steps=1"],
+    "tito": ["warm_start_steps=1", "steps=1", "final_eval=false"],  # one eval, not two
 }
 # The grpo image holds no prime-rl environment (CI cannot reach GitHub): its `train` must stop
 # at once and say what to do, naming these.

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -89,8 +90,16 @@ class Schedule:
         return bool(self.ckpt_every) and step % self.ckpt_every == 0
 
 
+def step_line(record: dict[str, Any], keys: Sequence[tuple[str, str]]) -> str:
+    """A step's log line: ``key value`` for each ``(key, format spec)`` the record holds."""
+    return " ".join(f"{key} {record[key]:{spec}}" for key, spec in keys if key in record)
+
+
 class Algorithm(Protocol):
     """What a journey's ``train.py`` supplies to :func:`drive`."""
+
+    #: the record keys, with their format specs, that each step's log line shows
+    log_keys: Sequence[tuple[str, str]]
 
     def start(self, client: Any, run: Run, stack: ExitStack) -> Trainer:
         """Create the run's jobs and whatever the steps need; return the trainer whose
@@ -117,9 +126,6 @@ class Algorithm(Protocol):
         """After the last step, still connected: final saves and evaluations; the summary's
         own fields."""
 
-    def describe(self, record: dict[str, Any]) -> str:
-        """The step's log line after ``step n/N``."""
-
 
 def drive(
     run: Run, connection: str, algorithm: Algorithm, schedule: Schedule, *, profile_name: str
@@ -141,7 +147,7 @@ def drive(
             if schedule.evaluates(step):
                 record.update(algorithm.evaluate(step))
             run.metrics(**record)
-            log.info("step %d/%d %s", step, schedule.steps, algorithm.describe(record))
+            log.info("step %d/%d %s", step, schedule.steps, step_line(record, algorithm.log_keys))
             if schedule.saves(step):
                 trainer.save_resumable(step, algorithm.state())
             if schedule.stop_after and schedule.stop_after <= step < schedule.steps:

@@ -21,11 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
-import tempfile
 import tomllib
-import traceback
 import types
 import typing
 from collections.abc import Sequence
@@ -42,7 +39,6 @@ __all__ = [
     "entrypoint",
     "load",
     "at_least",
-    "command_line",
     "read_profile_file",
     "setting",
 ]
@@ -103,13 +99,24 @@ class Ckpt:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class JourneyProfile:
-    """What every journey's profile holds, once: its name and purpose, the token budget of a
-    row, the seed, the sub-jobs' dtype and GPUs, and where it was read from. A journey's
+    """What every journey's profile holds, once: its name and purpose, the model that trains,
+    its steps, learning rate and training block (LoRA), the token budget of a row, the seed,
+    the sub-jobs' dtype and GPUs, and where it was read from. A journey's
     profile extends it with its own fields (``@dataclass(frozen=True)``; these are
     keyword-only, so a journey's required fields may follow them)."""
 
     name: str = setting(doc="the profile name (the file's stem)")
     description: str = setting("", doc="what the profile is for")
+    model: str = setting(
+        doc="the model that trains: a fixture name, a hub name or a local model directory"
+    )
+    steps: int = setting(gt=0, doc="optimiser steps of the journey's training loop")
+    learning_rate: float = setting(gt=0, doc="AdamW learning rate of those steps")
+    training: dict[str, Any] = setting(
+        default_factory=dict,
+        doc="passed through to the training sub-job's training_config (peft_config for LoRA, "
+        "gradient_clipping, ds_config, ...)",
+    )
     max_seq_len: int = setting(
         gt=0, doc="tokens per row: prompt and completion, or a whole episode (rows are cut here)"
     )
@@ -129,6 +136,21 @@ class JourneyProfile:
     def recipe_dir(self) -> Path:
         """The journey folder (the one holding configs/): relative data is read from it."""
         return self.path.parent.parent.resolve()
+
+    def sub_job_settings(self) -> dict[str, Any]:
+        """What every sub-job of the journey shares: row budget, GPUs, dtype and seed."""
+        return {"max_seq_len": self.max_seq_len, "n_gpus": self.n_gpus, "dtype": self.dtype,
+                "seed": self.seed}  # fmt: skip
+
+    def trainer_and_sampler(self, batch_size: int, **options: Any) -> list:
+        """:func:`cortex_recipes.sub_jobs.journey_sub_jobs` on this profile's model, learning
+        rate, training block and :meth:`sub_job_settings`; ``options`` override or add to them
+        (``model``, ``learning_rate``, ``teacher``, ...)."""
+        from cortex_recipes.sub_jobs import journey_sub_jobs
+
+        settings = {"model": self.model, "learning_rate": self.learning_rate,
+                    "training": self.training, **self.sub_job_settings(), **options}  # fmt: skip
+        return journey_sub_jobs(settings.pop("model"), batch_size=batch_size, **settings)
 
 
 def file_fields(cls: type) -> dict[str, dataclasses.Field]:
@@ -409,47 +431,3 @@ def count_field(doc: str, *, low: int = 0, default: int | None = None, meaning: 
         default=low if default is None else default,
         doc=doc,
     )
-
-
-def user_errors() -> tuple[type[BaseException], ...]:
-    """What a person's command, profile, overrides, connection file or environment can get
-    wrong, and a local backend that died: reported as one message, never as a traceback."""
-    from cortex_recipes.endpoint import BackendDied, ConnectionConfigError, EndpointUnreachable
-    from cortex_recipes.models import ModelNotAvailableError
-    from cortex_recipes.primerl.launch import PrimeRLNotFound
-    from cortex_recipes.run import CheckpointError
-    from cortex_recipes.weights import WeightsError
-
-    return (
-        ProfileError, ConnectionConfigError, CheckpointError, PrimeRLNotFound,
-        ModelNotAvailableError, WeightsError, BackendDied, EndpointUnreachable,
-    )  # fmt: skip
-
-
-def command_line(config_cls: type, profile_cls: type, main: Any, report: Any = None) -> int:
-    """A journey's ``__main__``: :func:`entrypoint`, ``main(config)``, then ``report(result)``
-    printed. A user error (:func:`user_errors`) is one ``error: ...`` line on stderr and exit
-    code 2; its traceback goes to the run's ``debug.log`` when the run folder was opened, else
-    to a file named on that line. Anything else is a bug and keeps its traceback."""
-    from cortex_recipes import run as run_lib
-
-    try:
-        result = main(entrypoint(config_cls, profile_cls))
-    except user_errors() as exc:
-        opened = run_lib.last_opened()
-        log_path = opened / "debug.log" if opened else None
-        try:
-            if log_path is None:
-                handle, name = tempfile.mkstemp(prefix="cortex-recipes-error-", suffix=".log")
-                os.close(handle)
-                log_path = Path(name)
-            with open(log_path, "a") as out:
-                traceback.print_exception(exc, file=out)
-            where = f" (details: {log_path})"
-        except OSError:
-            where = ""
-        print(f"error: {exc}{where}", file=sys.stderr)
-        return 2
-    if report is not None:
-        print(report(result))
-    return 0

@@ -47,7 +47,10 @@ import logging
 import os
 import re
 import shutil
+import sys
+import tempfile
 import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,13 +58,15 @@ from typing import Any
 
 import chz
 
+from cortex_recipes import profiles
 from cortex_recipes.cortex_client import ExplainedClient
 from cortex_recipes.metrics import validate_record
+from cortex_recipes.profiles import count_field
 from cortex_recipes.provenance import git_revision
 from cortex_recipes.trackers import Trackers, open_trackers
 
 log = logging.getLogger(__name__)
-# The run folder this process opened last (cortex_recipes.profiles.command_line writes a user
+# The run folder this process opened last (cortex_recipes.run.command_line writes a user
 # error's traceback into its debug.log).
 _LAST_OPENED: Path | None = None
 
@@ -103,7 +108,7 @@ def profile_field(default: str) -> Any:
 @chz.chz
 class RunConfig:
     """The run fields of every journey's ``Config``: which profile, which backend, which run
-    folder and what to do when it already holds a run. A journey's ``Config`` subclasses this,
+    folder and what to do when it already holds a run, and how many steps to train. A journey's ``Config`` subclasses this,
     sets ``profile: str = profile_field(DEFAULT_PROFILE)`` and adds its own fields."""
 
     profile: str = chz.field(doc="the profile file (JSON or TOML) under the recipe's configs/")
@@ -119,6 +124,7 @@ class RunConfig:
     if_exists: str = chz.field(
         default="resume", doc="resume | overwrite | fail, when the run folder holds a run"
     )
+    steps: int = count_field("> 0: train this many steps instead of the profile's steps")
     overrides: tuple[str, ...] = chz.field(
         default=(), doc="profile overrides: the command line's other key=value"
     )
@@ -132,6 +138,10 @@ class RunConfig:
     wandb_project: str = chz.field(
         default="", doc="also log to this W&B project (WANDB_MODE=offline works without network)"
     )
+
+    def steps_for(self, profile: Any) -> int:
+        """The steps this run trains: ``steps`` when given, else the profile's."""
+        return self.steps or profile.steps
 
     def open_run(self, journey: str, profile: Any) -> Run:
         """:func:`open_run` for this config's ``log_path``, ``run_name`` and ``if_exists``."""
@@ -444,3 +454,47 @@ def _recorded_hash(path: Path) -> str | None:
         return json.loads((path / "config.json").read_text()).get("config_hash")
     except (OSError, ValueError):
         return None
+
+
+# -- a journey's command line -----------------------------------------------------------------
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """What a person's command, profile, overrides, connection file or environment can get
+    wrong, and a local backend that died: reported as one message, never as a traceback."""
+    from cortex_recipes.endpoint import BackendDied, ConnectionConfigError, EndpointUnreachable
+    from cortex_recipes.models import ModelNotAvailableError
+    from cortex_recipes.primerl.launch import PrimeRLNotFound
+    from cortex_recipes.weights import WeightsError
+
+    return (
+        profiles.ProfileError, ConnectionConfigError, CheckpointError, PrimeRLNotFound,
+        ModelNotAvailableError, WeightsError, BackendDied, EndpointUnreachable,
+    )  # fmt: skip
+
+
+def command_line(config_cls: type, profile_cls: type, main: Any, report: Any = None) -> int:
+    """A journey's ``__main__``: :func:`entrypoint`, ``main(config)``, then ``report(result)``
+    printed. A user error (:func:`user_errors`) is one ``error: ...`` line on stderr and exit
+    code 2; its traceback goes to the run's ``debug.log`` when the run folder was opened, else
+    to a file named on that line. Anything else is a bug and keeps its traceback."""
+    try:
+        result = main(profiles.entrypoint(config_cls, profile_cls))
+    except user_errors() as exc:
+        opened = last_opened()
+        log_path = opened / "debug.log" if opened else None
+        try:
+            if log_path is None:
+                handle, name = tempfile.mkstemp(prefix="cortex-recipes-error-", suffix=".log")
+                os.close(handle)
+                log_path = Path(name)
+            with open(log_path, "a") as out:
+                traceback.print_exception(exc, file=out)
+            where = f" (details: {log_path})"
+        except OSError:
+            where = ""
+        print(f"error: {exc}{where}", file=sys.stderr)
+        return 2
+    if report is not None:
+        print(report(result))
+    return 0

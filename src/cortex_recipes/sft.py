@@ -95,7 +95,6 @@ class EvalSpec:
 class SFTProfile(profiles.JourneyProfile):
     """A conversational SFT profile (configs/*.json)."""
 
-    model_name: str = setting(doc="a fixture name, a hub name or a local model directory")
     dataset: str = setting(
         doc="rows of {messages: [...]}: a .json/.jsonl/.parquet file relative to the recipe "
         "folder, or hub:<owner>/<name>@<commit>[:<split>] (docs/datasets.md)"
@@ -103,8 +102,6 @@ class SFTProfile(profiles.JourneyProfile):
     batch_size: int = setting(
         gt=0, doc="conversations per optimiser step, across all GPUs (the global batch)"
     )
-    steps: int = setting(gt=0, doc="optimiser steps")
-    learning_rate: float = setting(gt=0, doc="AdamW learning rate")
     renderer: str = setting("chat_template", choices=RENDERERS, doc="how messages become ids")
     train_on: str = setting(
         TrainOnWhat.ALL_ASSISTANT_MESSAGES.value,
@@ -112,10 +109,6 @@ class SFTProfile(profiles.JourneyProfile):
         doc="which assistant tokens are supervised",
     )
     weight_decay: float = setting(0.0, ge=0, doc="AdamW weight decay")
-    training: dict[str, Any] = setting(
-        default_factory=dict,
-        doc="passed through to training_config (peft_config, gradient_clipping, prime_rl, ...)",
-    )
     eval: EvalSpec | None = setting(None, doc="greedy evaluation before and after training")
     validated_on: str = setting("", doc="where the profile was last run (free text)")
 
@@ -134,10 +127,6 @@ class SFTProfile(profiles.JourneyProfile):
     def train_on_what(self) -> TrainOnWhat:
         return TrainOnWhat(self.train_on)
 
-    def _common(self) -> dict[str, Any]:
-        return {"max_seq_len": self.max_seq_len, "n_gpus": self.n_gpus, "dtype": self.dtype,
-                "seed": self.seed}  # fmt: skip
-
     def sub_jobs(self) -> list:
         """The sub-jobs this journey creates: the trainer, and the sampler that evaluates
         (it loads merged checkpoints, so it never mirrors a LoRA shape)."""
@@ -145,14 +134,14 @@ class SFTProfile(profiles.JourneyProfile):
 
     def training_sub_job(self, source_checkpoint_info: dict | None = None):
         return trainer_sub_job(
-            self.model_name, learning_rate=self.learning_rate, batch_size=self.batch_size,
+            self.model, learning_rate=self.learning_rate, batch_size=self.batch_size,
             training=self.training, weight_decay=self.weight_decay,
-            source_checkpoint_info=source_checkpoint_info, **self._common(),
+            source_checkpoint_info=source_checkpoint_info, **self.sub_job_settings(),
         )  # fmt: skip
 
     def sampling_sub_job(self, source_checkpoint_info: dict | None = None):
         return sampler_sub_job(
-            self.model_name, source_checkpoint_info=source_checkpoint_info, **self._common()
+            self.model, source_checkpoint_info=source_checkpoint_info, **self.sub_job_settings()
         )
 
 

@@ -24,7 +24,7 @@ def test_profile_builds_student_trainer_student_sampler_and_teacher(path):
     for job in jobs:
         job.validate()
     assert [j.job_type.value for j in jobs] == ["training", "sampling", "log_probability"]
-    assert jobs[0].model_name == jobs[1].model_name == profile.student_model
+    assert jobs[0].model_name == jobs[1].model_name == profile.model
     assert jobs[2].model_name == profile.teacher_model
     config = profile.loss_config()
     if profile.teacher_tau > 0:

@@ -71,9 +71,9 @@ def _write(tmp_path, raw) -> Path:
         (lambda r: r["orchestrator"].update(speed=3), "unknown keys \\['speed'\\]"),
         (lambda r: r["env"].update(latency_s=-1), "env.latency_s=-1"),
         (lambda r: r.update(weight_format="vllm"), "weight_format='vllm'"),
-        (lambda r: r["trainer"].pop("training"), "needs trainer.training.peft_config"),
+        (lambda r: r.pop("training"), "needs training.peft_config"),
         (lambda r: r["ckpt"].update(interval=0), "ckpt.interval=0"),
-        (lambda r: r.update(max_steps=0), "max_steps=0"),
+        (lambda r: r.update(steps=0), "steps=0"),
     ],
 )
 def test_bad_profiles_are_rejected_naming_the_field(tmp_path, change, message):

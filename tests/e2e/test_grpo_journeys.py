@@ -51,15 +51,6 @@ def wait_for_step(proc, run_dir: Path, step: int, timeout: float = 300.0) -> Non
         time.sleep(0.2)
 
 
-def backend_pids(state_dir: Path) -> list[int]:
-    out = subprocess.run(
-        ["pgrep", "-f", f"cortex_recipes.local.server .*--state-dir {state_dir} "],
-        capture_output=True,
-        text=True,
-    )
-    return [int(p) for p in out.stdout.split()]
-
-
 def rollouts(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
 
@@ -67,7 +58,7 @@ def rollouts(run_dir: Path) -> list[dict]:
 def test_math_grpo_smoke_runs_twice_with_identical_numbers(tmp_path):
     out = subprocess.run(
         command(
-            "recipes.rl.math_grpo.train", profile=SYNC_SMOKE, log_path=tmp_path / "a", max_steps=2
+            "recipes.rl.math_grpo.train", profile=SYNC_SMOKE, log_path=tmp_path / "a", steps=2
         ),
         cwd=ROOT, check=True, capture_output=True, text=True,
     )  # fmt: skip
@@ -75,9 +66,7 @@ def test_math_grpo_smoke_runs_twice_with_identical_numbers(tmp_path):
     # The SDK's operation bodies (weight_sync) go to the run's debug log, not the console.
     assert "***** POST operation" not in out.stdout + out.stderr
     assert "***** POST operation" in (tmp_path / "a" / "debug.log").read_text()
-    second = run(
-        "recipes.rl.math_grpo.train", profile=SYNC_SMOKE, log_path=tmp_path / "b", max_steps=2
-    )
+    second = run("recipes.rl.math_grpo.train", profile=SYNC_SMOKE, log_path=tmp_path / "b", steps=2)
     assert first["steps"] == [1, 2]
     for key in ("rewards", "losses", "eval_accuracy"):
         assert first[key] == second[key]
@@ -93,7 +82,7 @@ def test_math_grpo_smoke_runs_twice_with_identical_numbers(tmp_path):
     assert written == rollouts(tmp_path / "b")
 
     extended = run(
-        "recipes.rl.math_grpo.train", profile=SYNC_SMOKE, log_path=tmp_path / "a", max_steps=3
+        "recipes.rl.math_grpo.train", profile=SYNC_SMOKE, log_path=tmp_path / "a", steps=3
     )  # the same command with more steps resumes after the last checkpoint
     assert extended["resumed_from_step"] == 2 and extended["steps"] == [1, 2, 3]
     assert extended["losses"][:2] == first["losses"]

@@ -41,7 +41,7 @@ def test_sft_hosted_profile(tmp_path):
             connection="local-hosted",
             steps=1,
             log_path=str(tmp_path),
-            overrides=(f"model_name={TINY}", *SMALL, "batch_size=2", "max_seq_len=256"),
+            overrides=(f"model={TINY}", *SMALL, "batch_size=2", "max_seq_len=256"),
         )
     )
     assert [m["step"] for m in metrics(tmp_path)] == [1]
@@ -60,7 +60,7 @@ def test_opd_hosted_profile(tmp_path):
             steps=1,
             log_path=str(tmp_path),
             overrides=(
-                f"student_model={TINY}",
+                f"model={TINY}",
                 f"teacher_model={TINY}",
                 *SMALL,
                 "rollouts_per_step=4",
@@ -82,7 +82,7 @@ def test_math_grpo_hosted_profile(tmp_path):
         Config(
             profile="recipes/rl/math_grpo/configs/cortex-qwen3-8b-lora.json",
             connection="local-hosted",
-            max_steps=1,
+            steps=1,
             log_path=str(tmp_path),
             overrides=(
                 f"model={TINY}",
@@ -107,7 +107,7 @@ def test_tito_hosted_profile(tmp_path):
             profile="recipes/agentic/tito/configs/cortex-qwen3-8b-chain.json",
             connection="local-hosted",
             warm_start_steps=1,
-            rl_steps=1,
+            steps=1,
             log_path=str(tmp_path),
             overrides=(
                 f"model={TINY}",

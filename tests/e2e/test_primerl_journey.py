@@ -35,7 +35,7 @@ def test_the_journey_trains_on_prime_rl_and_keeps_both_sides_metrics(tmp_path):
     config = profiles.entrypoint(
         train.Config,
         GRPOProfile,
-        [f"profile={SMOKE}", "max_steps=2", f"log_path={tmp_path / 'run'}"],
+        [f"profile={SMOKE}", "steps=2", f"log_path={tmp_path / 'run'}"],
     )
     out = train.main(config)
     assert out["orchestrator"] == "prime-rl"
@@ -65,7 +65,7 @@ def test_a_sigkilled_journey_resumes_both_sides_and_logs_every_step_once(tmp_pat
     run_dir = tmp_path / "run"
     command = [
         sys.executable, "-m", "recipes.rl.async_grpo.train",
-        f"profile={SMOKE}", "max_steps=4", f"log_path={run_dir}",
+        f"profile={SMOKE}", "steps=4", f"log_path={run_dir}",
     ]  # fmt: skip
     with open(tmp_path / "first.log", "wb") as log:
         first = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -148,7 +148,7 @@ def test_a_killed_backend_is_reconnected_and_both_sides_resume_in_the_same_comma
     run_dir = tmp_path / "run"
     command = [
         sys.executable, "-m", "recipes.rl.async_grpo.train",
-        f"profile={SMOKE}", "max_steps=4", f"log_path={run_dir}",
+        f"profile={SMOKE}", "steps=4", f"log_path={run_dir}",
     ]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

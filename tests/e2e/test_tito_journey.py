@@ -28,7 +28,7 @@ PROFILE = "recipes/agentic/tito/configs/local-cpu-tiny-qwen3-smoke.json"
 
 def test_tito_run_trains_on_action_masks_and_resumes_with_the_same_masks(tmp_path):
     full = main(
-        Config(profile=PROFILE, log_path=str(tmp_path / "full"), warm_start_steps=4, rl_steps=3)
+        Config(profile=PROFILE, log_path=str(tmp_path / "full"), warm_start_steps=4, steps=3)
     )
     assert full["steps"] == [1, 2, 3]
     assert all(n > 0 for n in full["trainable_tokens"])
@@ -47,7 +47,7 @@ def test_tito_run_trains_on_action_masks_and_resumes_with_the_same_masks(tmp_pat
 
     copy_run_until(tmp_path / "full", tmp_path / "resumed", 1)
     resumed = main(
-        Config(profile=PROFILE, log_path=str(tmp_path / "resumed"), warm_start_steps=4, rl_steps=3)
+        Config(profile=PROFILE, log_path=str(tmp_path / "resumed"), warm_start_steps=4, steps=3)
     )
     assert resumed["resumed_from_step"] == 1
     assert resumed["steps"] == [1, 2, 3]
@@ -62,13 +62,13 @@ def test_interrupted_run_stops_after_the_asked_step_and_can_be_resumed(tmp_path)
             profile=PROFILE,
             log_path=str(run_dir),
             warm_start_steps=2,
-            rl_steps=2,
+            steps=2,
             stop_after_step=1,
         )
     )
     assert stopped["stopped_after_step"] == 1
     assert RunCheckpoints(run_dir / "checkpoints").steps() == [0, 1]
-    finished = main(Config(profile=PROFILE, log_path=str(run_dir), warm_start_steps=2, rl_steps=2))
+    finished = main(Config(profile=PROFILE, log_path=str(run_dir), warm_start_steps=2, steps=2))
     assert finished["resumed_from_step"] == 1 and finished["steps"] == [1, 2]
     assert len(Path(run_dir / "metrics.jsonl").read_text().splitlines()) == 2
 
@@ -107,7 +107,7 @@ def test_a_comparison_run_resumes_on_the_episodes_and_sampler_its_checkpoint_sav
     def run(folder: str, **kw):
         return main(
             Config(profile=PROFILE, log_path=str(tmp_path / folder), warm_start_steps=4,
-                   rl_steps=3, overrides=overrides, **kw)
+                   steps=3, overrides=overrides, **kw)
         )  # fmt: skip
 
     full = run("full")

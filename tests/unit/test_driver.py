@@ -54,6 +54,8 @@ class FakeRun:  # the narrow part of cortex_recipes.run.Run that drive() uses
 class Counter:
     """An algorithm that counts: its state is the sum of the steps it trained."""
 
+    log_keys = (("loss", ".2f"), ("eval/accuracy", ".1f"))
+
     def __init__(self, events):
         self.events, self.total = events, 0
 
@@ -77,9 +79,6 @@ class Counter:
 
     def state(self):
         return {"total": self.total}
-
-    def describe(self, record):
-        return f"loss {record['loss']:.2f}"
 
     def finish(self, client):
         self.events.append(("finish", client))
@@ -161,3 +160,10 @@ def test_a_schedule_refuses_a_negative_or_non_integer_count_naming_it(field):
 def test_the_policy_version_a_step_samples_with_and_trains_to():
     assert [driver.sampling_version(s) for s in (1, 2)] == [0, 1]
     assert [driver.trained_version(s) for s in (1, 2)] == [1, 2]
+
+
+def test_the_step_line_shows_the_keys_a_record_holds_in_their_formats():
+    keys = (("reward/mean", ".3f"), ("loss", ".4f"), ("eval/accuracy", ".2f"), ("tokens", ""))
+    record = {"reward/mean": 0.25, "loss": 1.5, "tokens": 12, "step": 3}
+    assert driver.step_line(record, keys) == "reward/mean 0.250 loss 1.5000 tokens 12"
+    assert driver.step_line({}, keys) == ""

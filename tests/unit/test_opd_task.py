@@ -96,7 +96,7 @@ def test_a_teacher_sft_is_checked_before_anything_trains():
     with pytest.raises(TeacherSFTError, match=r"teacher_sft='nope' is not an SFT profile.*"
                        r"accepted: .*local-cpu-smollm2-lora"):  # fmt: skip
         sft_profile_path("nope")
-    with pytest.raises(TeacherSFTError, match=r"trains model_name='smollm2-135m-instruct', but "
+    with pytest.raises(TeacherSFTError, match=r"trains model='smollm2-135m-instruct', but "
                        r"teacher_model='tiny-qwen3'"):  # fmt: skip
         check("local-cpu-smollm2-lora", "tiny-qwen3", "local")
     with pytest.raises(TeacherSFTError, match=r"needs connection='local'"):

@@ -42,19 +42,19 @@ def test_nested_overrides_reach_typed_fields_and_change_the_hash():
     base = load_grpo_profile(ASYNC)
     profile = load_grpo_profile(
         ASYNC,
-        ["trainer.learning_rate=1e-4", "eval.max_tokens=32", "orchestrator.sampling.top_p=0.9"],
+        ["learning_rate=1e-4", "eval.max_tokens=32", "orchestrator.sampling.top_p=0.9"],
     )
-    assert profile.trainer.learning_rate == 1e-4 and profile.eval.max_tokens == 32
+    assert profile.learning_rate == 1e-4 and profile.eval.max_tokens == 32
     assert profile.sampling_params()["top_p"] == 0.9
     assert profile.sub_jobs()[0].to_wire()["training_config"]["optimizer"]["lr"] == 1e-4
-    assert profile.raw["trainer"]["learning_rate"] == 1e-4 != base.raw["trainer"]["learning_rate"]
+    assert profile.raw["learning_rate"] == 1e-4 != base.raw["learning_rate"]
     assert profile.config_hash != base.config_hash
     assert load_grpo_profile(ASYNC, []).config_hash == base.config_hash
 
 
 def test_overrides_inside_a_free_form_block_are_kept_as_given():
-    profile = load_grpo_profile(ASYNC, ["trainer.training.peft_config.r=4"])
-    assert profile.trainer.training["peft_config"]["r"] == 4
+    profile = load_grpo_profile(ASYNC, ["training.peft_config.r=4"])
+    assert profile.training["peft_config"]["r"] == 4
     assert profile.sub_jobs()[1].to_wire()["inference_config"]["peft_config"]["r"] == 4
 
 
@@ -62,16 +62,16 @@ def test_overrides_inside_a_free_form_block_are_kept_as_given():
     ("override", "message"),
     [
         (
-            "trainer.learning_rat=1",
-            r"trainer.learning_rat is not a field of trainer; accepted: "
-            r"learning_rate, loss, training",
+            "loss.eps_clp=1",
+            r"loss.eps_clp is not a field of loss; accepted: "
+            r"entropy_coeff, eps_clip, eps_clip_higher, loss_agg_mode",
         ),
-        ("speed=3", r"speed is not a field of the profile; accepted: .*max_steps"),
-        ("trainer.learning_rate=-1", r"trainer.learning_rate=-1.0 must be > 0"),
+        ("speed=3", r"speed is not a field of the profile; accepted: .*steps"),
+        ("learning_rate=-1", r"learning_rate=-1.0 must be > 0"),
         ("orchestrator.batch_size=many", r"orchestrator.batch_size='many' must be int"),
         ("weight_format=vllm", r"weight_format='vllm'; accepted: hf, lora"),
-        ("max_steps.value=3", r"max_steps is a int, not a section"),
-        ("max_steps", r"override 'max_steps' must look like key=value"),
+        ("steps.value=3", r"steps is a int, not a section"),
+        ("steps", r"override 'steps' must look like key=value"),
     ],
 )
 def test_a_wrong_override_names_the_field_the_value_and_what_is_accepted(override, message):
@@ -88,7 +88,7 @@ def test_sft_eval_section_overrides_and_required_fields():
 
 def test_other_journeys_accept_nested_overrides_too():
     tito = ROOT / "recipes/agentic/tito/configs/local-cpu-tiny-qwen3-smoke.json"
-    assert load_tito_profile(tito, ["rl.steps=2", "warm_start.steps=0"]).rl.steps == 2
+    assert load_tito_profile(tito, ["steps=2", "warm_start.steps=0"]).steps == 2
     opd = ROOT / "recipes/distillation/on_policy/configs/local-cpu-smollm2-teacher.json"
     assert load_opd_profile(opd, ["teacher_tau=0.5"]).loss_config()["teacher_tau"] == 0.5
     with pytest.raises(ProfileError, match=r"teacher_tau=0.5 needs a positive teacher_clip"):
@@ -103,7 +103,7 @@ def test_a_toml_profile_loads_like_the_json_one_with_the_same_hash(tmp_path):
         'name = "local-cpu-tiny-qwen3"\n'
         'description = "Smoke profile: random-init tiny Qwen3 on CPU; checks the plumbing, '
         'not the outcome."\n'
-        'model_name = "tiny-qwen3"\nrenderer = "qwen3"\ntrain_on = "all_assistant_messages"\n'
+        'model = "tiny-qwen3"\nrenderer = "qwen3"\ntrain_on = "all_assistant_messages"\n'
         'dataset = "data/identity.jsonl"\nseed = 0\nn_gpus = 1\nmax_seq_len = 128\n'
         'batch_size = 4\nsteps = 3\nlearning_rate = 0.001\ndtype = "float32"\n\n[training]\n'
     )
@@ -112,7 +112,7 @@ def test_a_toml_profile_loads_like_the_json_one_with_the_same_hash(tmp_path):
 
 def test_help_lists_every_profile_field_with_its_doc_and_default():
     text = profiles.help_text(GRPOProfile)
-    assert "trainer.learning_rate" in text and "AdamW learning rate (> 0)" in text
+    assert "learning_rate" in text and "AdamW learning rate of those steps (> 0)" in text
     assert "eval.interval" in text and "default 5" in text
     assert "orchestrator.sampling.temperature" in text
     names = [row[0] for row in profiles.describe(SFTProfile)]

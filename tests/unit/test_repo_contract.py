@@ -49,7 +49,7 @@ def test_the_first_command_installs_only_its_journeys_extra_and_shows_learning()
     assert "--all-extras" not in first and f"--extra {journey['extra']} " in first
     assert module == "recipes.sft.conversational.train" and first.endswith(module)
     profile = sft.load_profile(ROOT / DEFAULT_PROFILE)
-    assert profile.model_name == "smollm2-135m-instruct" and profile.eval is not None
+    assert profile.model == "smollm2-135m-instruct" and profile.eval is not None
     assert "pycosat" not in _locked_closure(journey["extra"])  # sdist-only: needs a compiler
     assert "pycosat" in _locked_closure("grpo")  # ... which the Math GRPO task set does
 

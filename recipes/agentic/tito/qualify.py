@@ -3,7 +3,7 @@
     python -m recipes.agentic.tito.qualify            # local-cpu-smollm2-chain
     python -m recipes.agentic.tito.qualify profile=recipes/agentic/tito/configs/local-cpu-tiny-qwen3.json
 
-1. Run the profile uninterrupted: warm start, a greedy eval, ``rl.steps`` RL steps with a
+1. Run the profile uninterrupted: warm start, a greedy eval, ``steps`` RL steps with a
    checkpoint after every step, and the greedy eval again.
 2. Copy that run as it stood after step ``resume_after``: its checkpoints up to there and the
    backend state. Resume the copy to the end. The resume loads the trainer checkpoint, the task
@@ -144,7 +144,7 @@ def tito_metrics(full: dict, compare: bool, chain: bool = False) -> dict:
 
 def main(config: Config) -> dict:
     profile = load_tito_profile(config.profile)
-    steps = profile.rl.steps
+    steps = profile.steps
     resume_after = config.resume_after or max(steps - 2, 1)
     compare = bool(profile.questions)
     chain = compare and profile.question_type == "chain"

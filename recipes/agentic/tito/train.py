@@ -50,7 +50,7 @@ from cortex_recipes.envs.glossary import (
     tool_specs,
 )
 from cortex_recipes.models import load_tokenizer, resolve_model_path
-from cortex_recipes.run import RunConfig, profile_field
+from cortex_recipes.run import RunConfig, command_line, profile_field
 from cortex_recipes.supervision import collate, make_renderer
 from cortex_recipes.tito.batching import LockstepBatcher, sdk_generate_rows
 from cortex_recipes.tito.episode import run_episode
@@ -80,7 +80,6 @@ GATEWAY_KEY_ENV = (
 @chz.chz
 class Config(RunConfig):
     profile: str = profile_field(DEFAULT_PROFILE)
-    rl_steps: int = profiles.count_field("0: the profile's rl.steps")
     rollouts_rate: float = completions.rate_field()
     warm_start_steps: int = profiles.count_field(
         "< 0: the profile's warm_start.steps", low=-1, meaning="-1: the profile's warm_start.steps"
@@ -96,8 +95,11 @@ class Tito:
     and its resume point ``step_0`` before the first RL step; each RL step trains on episodes
     played with the current policy, then plays the next step's on the policy it synced."""
 
-    def __init__(self, config: Config, profile: TitoProfile, run, rl_steps: int):
-        self.config, self.profile, self.run, self.rl_steps = config, profile, run, rl_steps
+    log_keys = (("reward/mean", ".3f"), ("model_turns/mean", ".2f"), ("tool_calls/mean", ".2f"),
+                ("trainable_tokens", ""))  # fmt: skip
+
+    def __init__(self, config: Config, profile: TitoProfile, run, steps: int):
+        self.config, self.profile, self.run, self.steps = config, profile, run, steps
         self.model_dir = (
             str(with_renderer_tokens(profile.model))
             if profile.add_renderer_tokens
@@ -186,7 +188,7 @@ class Tito:
         first = (self.run.resumed_from_step or 0) + 1
         if "sampler" in saved:  # resumed after an RL step
             self.sampler = TaskSampler.from_state(saved["sampler"], len(self.tasks))
-            if saved.get("pending") is not None and first <= self.rl_steps:
+            if saved.get("pending") is not None and first <= self.steps:
                 self.pending = pending_from_json(saved["pending"], first, groups_digest)
                 self.restored = True
                 log.info(
@@ -201,9 +203,9 @@ class Tito:
         groups, rollout_s = self.pending if self.pending is not None else self.collect(step)
         self.pending = None
         frame, stats = episode_frame(groups, self.pad_id, rl.loss_config())
-        result, _ = self.trainer.train_step(frame, learning_rate=rl.learning_rate)
+        result, _ = self.trainer.train_step(frame, learning_rate=self.profile.learning_rate)
         self.trainer.sync()
-        if step < self.rl_steps:  # the next step's episodes, on the policy just synced
+        if step < self.steps:  # the next step's episodes, on the policy just synced
             self.pending = self.collect(step + 1)
         self.saved["sampler"] = self.sampler.state_dict()
         self.saved["pending"] = (
@@ -225,13 +227,6 @@ class Tito:
 
     def state(self) -> dict:
         return {"state": self.saved}
-
-    def describe(self, record: dict) -> str:
-        return (
-            f"reward {record['reward/mean']:.3f} model turns {record['model_turns/mean']:.2f} "
-            f"tool calls {record['tool_calls/mean']:.2f} trainable tokens "
-            f"{record['trainable_tokens']}"
-        )
 
     def finish(self, client) -> dict:
         eval_after = self.greedy_eval() if self.config.final_eval else None
@@ -311,12 +306,12 @@ def main(config: Config) -> dict:
     run = config.open_run("tito", profile)
     if run.finished:
         return run.finished
-    rl_steps = config.rl_steps or profile.rl.steps
+    steps = config.steps_for(profile)
     schedule = driver.Schedule(
-        rl_steps, ckpt_every=profile.ckpt.interval, ckpt_last=True,
+        steps, ckpt_every=profile.ckpt.interval, ckpt_last=True,
         stop_after=config.stop_after_step,
     )  # fmt: skip
-    algorithm = Tito(config, profile, run, rl_steps)
+    algorithm = Tito(config, profile, run, steps)
     return driver.drive(run, config.connection, algorithm, schedule, profile_name=profile.name)
 
 
@@ -390,4 +385,4 @@ def summary_line(out: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(profiles.command_line(Config, TitoProfile, main, summary_line))
+    sys.exit(command_line(Config, TitoProfile, main, summary_line))

@@ -1,7 +1,7 @@
 """A teacher the SFT journey taught: an SFT run, trained or reused, exported with LoRA merged.
 
 An OPD profile's ``teacher_sft`` names an SFT journey profile
-(``recipes/sft/conversational/configs/<name>.json``) whose ``model_name`` is the OPD profile's
+(``recipes/sft/conversational/configs/<name>.json``) whose ``model`` is the OPD profile's
 ``teacher_model``. :func:`prepare` makes the teacher the OPD run scores with:
 
 1. the SFT run in ``run_dir`` (default: the SFT journey's own folder for that profile,
@@ -57,10 +57,10 @@ def check(teacher_sft: str, teacher_model: str, connection: str) -> Path:
     from cortex_recipes import sft
 
     path = sft_profile_path(teacher_sft)
-    model = sft.load_profile(path).model_name
+    model = sft.load_profile(path).model
     if model != teacher_model:
         raise TeacherSFTError(
-            f"teacher_sft={teacher_sft!r} trains model_name={model!r}, but "
+            f"teacher_sft={teacher_sft!r} trains model={model!r}, but "
             f"teacher_model={teacher_model!r}; the SFT profile must train the teacher model"
         )
     if connection != "local":

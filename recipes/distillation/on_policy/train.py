@@ -36,7 +36,7 @@ from cortex_recipes.distill.opd_profile import OPDProfile, load_opd_profile
 from cortex_recipes.models import load_tokenizer
 from cortex_recipes.rl.grpo import group_advantages
 from cortex_recipes.rollouts import Rollout, rollouts_from_results
-from cortex_recipes.run import RunConfig, profile_field
+from cortex_recipes.run import RunConfig, command_line, profile_field
 from cortex_recipes.sampling import chat_prompt_ids, generate
 from cortex_recipes.training_job import Trainer
 from recipes.distillation.on_policy import teacher_sft
@@ -49,7 +49,6 @@ EVAL_SEED = 12345
 @chz.chz
 class Config(RunConfig):
     profile: str = profile_field(DEFAULT_PROFILE)
-    steps: int = profiles.count_field("0: the profile's steps")
     rollouts_rate: float = completions.rate_field()
     ckpt_interval: int = profiles.count_field(
         "> 0: a resumable save every this many steps (a resume point)", meaning="0: none"
@@ -144,6 +143,9 @@ def step_advantages(scored, rewards: list[float] | None, group_size: int, config
 class OPD:
     """On-policy distillation for :func:`cortex_recipes.driver.drive` (module docstring)."""
 
+    log_keys = (("teacher_reverse_kl", ".3f"), ("reward/mean", ".3f"),
+                ("teacher_term_token_count", ""))  # fmt: skip
+
     def __init__(self, config: Config, profile: OPDProfile, run, steps: int):
         self.profile, self.run, self.steps = profile, run, steps
         self.teacher_source = None
@@ -156,7 +158,7 @@ class OPD:
             self.teacher_model = self.teacher_source["model"]
             log.info("teacher: %s (SFT %s, checkpoint %s)", self.teacher_model,
                      profile.teacher_sft, self.teacher_source["checkpoint_id"])  # fmt: skip
-        self.tokenizer = tok = load_tokenizer(profile.student_model)
+        self.tokenizer = tok = load_tokenizer(profile.model)
         teacher_lib.check_same_tokenizer(tok, load_tokenizer(self.teacher_model))
         self.prompt_ids = [chat_prompt_ids(tok, p) for p in profile.prompt_texts()]
         self.eval_ids = [chat_prompt_ids(tok, p) for p in profile.eval_prompt_texts()]
@@ -275,13 +277,6 @@ class OPD:
             "teacher_fingerprints": self.fingerprints,
         }
 
-    def describe(self, record: dict) -> str:
-        reward = "" if "reward/mean" not in record else f" reward {record['reward/mean']:.3f}"
-        return (
-            f"teacher reverse KL {record['teacher_reverse_kl']:.3f}{reward} "
-            f"teacher tokens {record['teacher_term_token_count']}"
-        )
-
     def finish(self, client) -> dict:
         self.fingerprints.append(self.fingerprint())
         _check_frozen(self.fingerprints, "at the end")
@@ -323,7 +318,7 @@ class OPD:
 def main(config: Config) -> dict:
     driver.start_logging()
     profile = load_opd_profile(config.profile, config.overrides)
-    steps = config.steps or profile.steps
+    steps = config.steps_for(profile)
     if profile.teacher_sft:  # fail before anything is trained or written
         teacher_sft.check(profile.teacher_sft, profile.teacher_model, config.connection)
     run = config.open_run("opd", profile)
@@ -366,4 +361,4 @@ def summary_line(out: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(profiles.command_line(Config, OPDProfile, main, summary_line))
+    sys.exit(command_line(Config, OPDProfile, main, summary_line))

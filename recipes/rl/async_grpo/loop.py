@@ -441,7 +441,7 @@ def _train(client, profile, run, *, prime: Path, work: Path, output_dir: Path, m
                            evaluate_last=evaluate_last)  # fmt: skip
     adapter, trainer = adapters(
         client, job_id, profile, output_dir, max_steps=max_steps, pad_id=pad_id,
-        learning_rate=profile.trainer.learning_rate, on_step=recorder,
+        learning_rate=profile.learning_rate, on_step=recorder,
     )  # fmt: skip
     # Before prime-rl starts: the version it syncs first must be live in this job already.
     version = trainer.start()

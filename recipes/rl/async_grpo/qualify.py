@@ -165,7 +165,7 @@ def main(config: Config) -> dict:
             f"{run['primerl_record_sources']}"
         )
     checks = {
-        **primerl_checks(run, profile.max_steps, profile.orchestrator.max_off_policy_steps),
+        **primerl_checks(run, profile.steps, profile.orchestrator.max_off_policy_steps),
         "primerl_processes_died_with_the_journey": events[-1]["primerl_processes_gone"],
     }
     evals = summary["eval_accuracy"]

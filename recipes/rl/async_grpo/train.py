@@ -1,7 +1,7 @@
 """Asynchronous GRPO on prime-rl's own orchestrator, with Cortex as its trainer and inference.
 
     python -m recipes.rl.async_grpo.train                      # CPU profile, 10 steps
-    python -m recipes.rl.async_grpo.train max_steps=2 profile=recipes/rl/async_grpo/configs/local-cpu-tiny-qwen3-smoke.json
+    python -m recipes.rl.async_grpo.train steps=2 profile=recipes/rl/async_grpo/configs/local-cpu-tiny-qwen3-smoke.json
 
 prime-rl's orchestrator and one env-server (commit 559b447, in the Python 3.12 environment that
 ``$CORTEX_RECIPES_PRIMERL_PYTHON`` names; recipes/rl/async_grpo/primerl/install.sh builds it)
@@ -31,7 +31,7 @@ from cortex_recipes.profiles import ProfileError
 from cortex_recipes.reconnect import is_recoverable
 from cortex_recipes.rl.grpo import greedy_eval
 from cortex_recipes.rl.grpo_profile import GRPOProfile, load_grpo_profile
-from cortex_recipes.run import Run, RunConfig, profile_field
+from cortex_recipes.run import Run, RunConfig, command_line, profile_field
 from cortex_recipes.training_job import Trainer
 
 log = logging.getLogger("recipes.rl.async_grpo")
@@ -41,7 +41,6 @@ DEFAULT_PROFILE = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
 @chz.chz
 class Config(RunConfig):
     profile: str = profile_field(DEFAULT_PROFILE)
-    max_steps: int = profiles.count_field("0: the profile's max_steps")
     max_reconnects: int = profiles.count_field(
         "reconnects after a lost backend before the run gives up", default=3
     )
@@ -113,7 +112,7 @@ def train(config: Config, profile: GRPOProfile, run: Run, reconnects: int = 0) -
     it), every step logged once."""
     from recipes.rl.async_grpo.loop import run_primerl
 
-    max_steps = config.max_steps or profile.max_steps
+    max_steps = config.steps_for(profile)
     with run.connect(config.connection, client_options={"poll_timeout": 1800.0}) as client:
         trainer = Trainer.start(
             client, profile.sub_jobs(), run, weight_format=profile.weight_format
@@ -146,4 +145,4 @@ def summary_line(out: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(profiles.command_line(Config, GRPOProfile, main, summary_line))
+    sys.exit(command_line(Config, GRPOProfile, main, summary_line))

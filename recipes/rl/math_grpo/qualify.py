@@ -41,7 +41,7 @@ def main(config: Config) -> dict:
     work = work_dir("qualify-math-grpo-")
     summary = train(TrainConfig(profile=config.profile, log_path=str(work / "run")))
     smokes = [
-        train(TrainConfig(profile=SMOKE, log_path=str(work / f"smoke-{i}"), max_steps=2))
+        train(TrainConfig(profile=SMOKE, log_path=str(work / f"smoke-{i}"), steps=2))
         for i in range(2)
     ]
     hashes = [rollout_hashes(work / f"smoke-{i}") for i in range(2)]

@@ -1,7 +1,7 @@
 """Math GRPO, synchronous: the step-by-step SDK example of a GRPO loop.
 
     python -m recipes.rl.math_grpo.train                      # CPU profile, 10 steps
-    python -m recipes.rl.math_grpo.train max_steps=2 profile=recipes/rl/math_grpo/configs/local-cpu-tiny-qwen3-smoke.json
+    python -m recipes.rl.math_grpo.train steps=2 profile=recipes/rl/math_grpo/configs/local-cpu-tiny-qwen3-smoke.json
 
 Every step does the same five things, one after the other, on the current policy:
 1. sample ``group_size`` completions for each of ``batch_size / group_size`` problems
@@ -26,13 +26,13 @@ import time
 
 import chz
 
-from cortex_recipes import completions, driver, frames, profiles
+from cortex_recipes import completions, driver, frames
 from cortex_recipes.models import load_tokenizer
 from cortex_recipes.profiles import ProfileError
 from cortex_recipes.rl.grpo import ScoredGroup, greedy_eval, group_seed, grpo_frame, task_order
 from cortex_recipes.rl.grpo_profile import GRPOProfile, load_grpo_profile
 from cortex_recipes.rollouts import rollouts_from_results
-from cortex_recipes.run import RunConfig, profile_field
+from cortex_recipes.run import RunConfig, command_line, profile_field
 from cortex_recipes.sampling import chat_prompt_ids, generate
 from cortex_recipes.training_job import Trainer
 
@@ -43,7 +43,6 @@ DEFAULT_PROFILE = "recipes/rl/math_grpo/configs/local-cpu-smollm2-lora.json"
 @chz.chz
 class Config(RunConfig):
     profile: str = profile_field(DEFAULT_PROFILE)
-    max_steps: int = profiles.count_field("0: the profile's max_steps")
     rollouts_rate: float = completions.rate_field()
     env_latency_s: float = chz.field(default=-1.0, doc="< 0: the profile's env.latency_s")
 
@@ -52,6 +51,8 @@ class MathGRPO:
     """Synchronous GRPO for :func:`cortex_recipes.driver.drive`: each step samples, scores,
     trains and syncs, in that order; a greedy eval before the first step and on the profile's
     eval steps."""
+
+    log_keys = (("reward/mean", ".3f"), ("loss", ".4f"), ("eval/accuracy", ".3f"))
 
     def __init__(self, config: Config, profile: GRPOProfile, run):
         self.profile = profile
@@ -138,12 +139,6 @@ class MathGRPO:
     def state(self) -> dict:
         return {"evals": self.evals}
 
-    def describe(self, record: dict) -> str:
-        return (
-            f"reward {record['reward/mean']:.3f} loss {record['loss']:.4f} "
-            f"eval {record.get('eval/accuracy', '-')}"
-        )
-
     def finish(self, client) -> dict:
         client.cancel_job(self.trainer.job_id)
         history = self.run.read_metrics()
@@ -170,7 +165,7 @@ def main(config: Config) -> dict:
     if run.finished:
         return run.finished
     schedule = driver.Schedule(
-        config.max_steps or profile.max_steps,
+        config.steps_for(profile),
         eval_every=profile.eval.interval,
         ckpt_every=profile.ckpt.interval if profile.ckpt else 0,
         ckpt_last=True,
@@ -185,4 +180,4 @@ def summary_line(out: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(profiles.command_line(Config, GRPOProfile, main, summary_line))
+    sys.exit(command_line(Config, GRPOProfile, main, summary_line))

@@ -23,7 +23,7 @@ import chz
 
 from cortex_recipes import driver, frames, loglik, profiles, sft
 from cortex_recipes.models import load_tokenizer
-from cortex_recipes.run import RunConfig, profile_field
+from cortex_recipes.run import RunConfig, command_line, profile_field
 from cortex_recipes.sampling import greedy_answers
 from cortex_recipes.supervision import collate, make_renderer, render_supervised
 from cortex_recipes.training_job import Trainer
@@ -37,7 +37,6 @@ DEFAULT_PROFILE = "recipes/sft/conversational/configs/local-cpu-smollm2-lora.jso
 @chz.chz
 class Config(RunConfig):
     profile: str = profile_field(DEFAULT_PROFILE)
-    steps: int = profiles.count_field("0: the profile's steps")
     ckpt_interval: int = profiles.count_field(
         "> 0: a resumable save every this many steps (a resume point)", meaning="0: none"
     )
@@ -73,9 +72,11 @@ class SFT:
     ``causal_cross_entropy`` step a batch, then a weights-only save and the answers again from
     that checkpoint."""
 
+    log_keys = (("loss", ".4f"),)
+
     def __init__(self, config: Config, profile: sft.SFTProfile, steps: int):
         self.profile, self.steps = profile, steps
-        self.tokenizer = load_tokenizer(profile.model_name)
+        self.tokenizer = load_tokenizer(profile.model)
         self.renderer = make_renderer(self.tokenizer, profile.renderer)
         conversations = profile.conversations()
         self.comparison = profile.eval.weight_comparison if profile.eval else None
@@ -134,9 +135,6 @@ class SFT:
             "loglik_before": self.loglik_before,
         }
 
-    def describe(self, record: dict) -> str:
-        return f"loss {record['loss']:.4f}"
-
     def finish(self, client) -> dict:
         loglik_after = self.score() if self.comparison else None
         saved = self.trainer.save_weights(self.steps)
@@ -189,7 +187,7 @@ class SFT:
 def main(config: Config) -> dict:
     driver.start_logging()
     profile = sft.load_profile(config.profile, config.overrides)
-    steps = config.steps or profile.steps
+    steps = config.steps_for(profile)
     run = config.open_run("sft", profile)
     if run.finished:
         return run.finished
@@ -232,4 +230,4 @@ def report(result: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(profiles.command_line(Config, sft.SFTProfile, main, report))
+    sys.exit(command_line(Config, sft.SFTProfile, main, report))

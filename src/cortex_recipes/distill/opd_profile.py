@@ -10,7 +10,7 @@ from typing import Any
 from cortex_recipes import profiles
 from cortex_recipes.grpo_loss import GRPOLoss, teacher_config
 from cortex_recipes.profiles import setting
-from cortex_recipes.sub_jobs import batch_problem, journey_sub_jobs
+from cortex_recipes.sub_jobs import batch_problem
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,6 @@ class Reward:
 class OPDProfile(profiles.JourneyProfile):
     """An on-policy distillation profile (recipes/distillation/on_policy/configs/*.json)."""
 
-    student_model: str = setting(doc="the model that trains (a fixture, hub name or directory)")
     teacher_model: str = setting(doc="the frozen teacher; it must share the student's tokenizer")
     prompts: str = setting(
         doc="rows of {prompt: ...}: a .json/.jsonl/.parquet file relative to the recipe "
@@ -45,13 +44,11 @@ class OPDProfile(profiles.JourneyProfile):
         gt=0, doc="student rollouts per optimiser step, across all GPUs (the global batch)"
     )
     max_tokens: int = setting(gt=0, doc="new tokens per rollout")
-    steps: int = setting(gt=0, doc="optimiser steps")
-    learning_rate: float = setting(gt=0, doc="AdamW learning rate")
     teacher_tau: float = setting(ge=0, doc="weight of the teacher term; 0 turns the teacher off")
     teacher_sft: str | None = setting(
         None,
         doc="an SFT journey profile (recipes/sft/conversational/configs/<name>.json) whose "
-        "model_name is teacher_model: the teacher is that model after the SFT run, exported "
+        "model is teacher_model: the teacher is that model after the SFT run, exported "
         "with LoRA merged (trained first when its run folder holds no finished run; local "
         "backend only)",
     )
@@ -67,9 +64,6 @@ class OPDProfile(profiles.JourneyProfile):
     )
     temperature: float = setting(1.0, ge=0, doc="student sampling temperature")
     eval_interval: int = setting(5, ge=1, doc="evaluate every this many steps (and the last)")
-    training: dict[str, Any] = setting(
-        default_factory=dict, doc="passed through to training_config (peft_config, ...)"
-    )
     teacher_clip: float | None = setting(
         None, doc="cap on a positive teacher - student log ratio (needed when teacher_tau > 0)"
     )
@@ -139,12 +133,9 @@ class OPDProfile(profiles.JourneyProfile):
         because the SDK checks prompt lengths against the first inference_config it finds.
         ``teacher``: the model the teacher sub-job loads (default ``teacher_model``; a
         ``teacher_sft`` run's exported directory)."""
-        return journey_sub_jobs(
-            self.student_model,
-            max_seq_len=self.max_seq_len, n_gpus=self.n_gpus, dtype=self.dtype, seed=self.seed,
-            learning_rate=self.learning_rate, batch_size=self.rollouts_per_step,
-            training=self.training, teacher=teacher or self.teacher_model,
-        )  # fmt: skip
+        return self.trainer_and_sampler(
+            self.rollouts_per_step, teacher=teacher or self.teacher_model
+        )
 
 
 def load_opd_profile(path: str | Path, overrides: Sequence[str] = ()) -> OPDProfile:

@@ -1,10 +1,12 @@
 """GRPO profiles (checked-in JSON) for the synchronous and asynchronous math journeys.
 
-Field names follow prime-rl where it has one (``batch_size`` = rollouts per step,
-``group_size``, ``max_steps``, ``max_off_policy_steps``, ``ckpt.interval``, ``eval.interval``);
+The fields every journey shares (``model``, ``steps``, ``learning_rate``, ``training``, ...)
+are :class:`cortex_recipes.profiles.JourneyProfile`'s; the rest follow prime-rl where it has
+a name (``batch_size`` = rollouts per step, ``group_size``, ``max_off_policy_steps``,
+``ckpt.interval``, ``eval.interval``; ``steps`` is prime-rl's ``max_steps``):
 docs/async-grpo.md maps them one by one. A profile is asynchronous (the async GRPO journey, on
 prime-rl's orchestrator) when it sets ``orchestrator.max_off_policy_steps``. The typed
-layer is :mod:`cortex_recipes.profiles`; ``trainer.learning_rate=1e-4`` and the like
+layer is :mod:`cortex_recipes.profiles`; ``learning_rate=1e-4`` and the like
 override any field from the command line.
 """
 
@@ -17,7 +19,7 @@ from typing import Any
 
 from cortex_recipes import profiles
 from cortex_recipes.profiles import Ckpt, setting
-from cortex_recipes.sub_jobs import batch_problem, journey_sub_jobs
+from cortex_recipes.sub_jobs import batch_problem
 
 WEIGHT_FORMATS = ("hf", "lora")
 
@@ -36,17 +38,6 @@ class Loss:
 
     def as_config(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items() if v is not None}
-
-
-@dataclass(frozen=True)
-class Trainer:
-    """The training sub-job."""
-
-    learning_rate: float = setting(gt=0, doc="AdamW learning rate")
-    training: dict[str, Any] = setting(
-        default_factory=dict, doc="passed through to training_config (peft_config, ...)"
-    )
-    loss: Loss = setting(default_factory=Loss, doc="the grpo processor's settings")
 
 
 @dataclass(frozen=True)
@@ -129,23 +120,19 @@ class Eval:
 class GRPOProfile(profiles.JourneyProfile):
     """A GRPO profile (recipes/rl/*/configs/*.json)."""
 
-    model: str = setting(doc="a fixture name, a hub name or a local model directory")
-    max_steps: int = setting(gt=0, doc="optimiser steps")
-    trainer: Trainer = setting(doc="the training sub-job")
     orchestrator: Orchestrator = setting(doc="rollouts per step and the policy-lag bounds")
     env: Env = setting(doc="the training environment")
     weight_format: str = setting("hf", choices=WEIGHT_FORMATS, doc="weight sync format")
+    loss: Loss = setting(default_factory=Loss, doc="the grpo processor's settings")
     eval: Eval = setting(default_factory=Eval, doc="greedy evaluation")
     ckpt: Ckpt | None = setting(None, doc="resumable checkpoints")
 
     def check(self) -> str | None:
-        if self.weight_format == "lora" and not self.trainer.training.get("peft_config"):
-            return "weight_format='lora' needs trainer.training.peft_config"
-        problem = batch_problem(
-            self.trainer.training, self.orchestrator.batch_size, self.n_gpus,
-            "orchestrator.batch_size",
-        )  # fmt: skip
-        return problem and problem.replace("training.ds_config", "trainer.training.ds_config")
+        if self.weight_format == "lora" and not self.training.get("peft_config"):
+            return "weight_format='lora' needs training.peft_config"
+        return batch_problem(
+            self.training, self.orchestrator.batch_size, self.n_gpus, "orchestrator.batch_size"
+        )
 
     @property
     def group_size(self) -> int:
@@ -187,16 +174,11 @@ class GRPOProfile(profiles.JourneyProfile):
         return env, eval_env
 
     def loss_config(self) -> dict[str, Any]:
-        return self.trainer.loss.as_config()
+        return self.loss.as_config()
 
     def sub_jobs(self) -> list:
         """Trainer and sampler on the same model (the sampler gets any LoRA shape)."""
-        return journey_sub_jobs(
-            self.model,
-            max_seq_len=self.max_seq_len, n_gpus=self.n_gpus, dtype=self.dtype, seed=self.seed,
-            learning_rate=self.trainer.learning_rate, batch_size=self.orchestrator.batch_size,
-            training=self.trainer.training,
-        )  # fmt: skip
+        return self.trainer_and_sampler(self.orchestrator.batch_size)
 
 
 def load_grpo_profile(path: str | Path, overrides: Sequence[str] = ()) -> GRPOProfile:

@@ -1,6 +1,6 @@
 """TITO journey profiles (checked-in JSON): model, renderer, warm-start SFT, RL, budgets.
 
-Typed by :mod:`cortex_recipes.profiles`; ``rl.steps=2`` and the like override any field.
+Typed by :mod:`cortex_recipes.profiles`; ``steps=2`` (the RL steps) and the like override any field.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from cortex_recipes import profiles
 from cortex_recipes.grpo_loss import GRPOLoss
 from cortex_recipes.profiles import Ckpt, setting
-from cortex_recipes.sub_jobs import batch_problem, journey_sub_jobs
+from cortex_recipes.sub_jobs import batch_problem
 
 # A renderer with a token-exact bridge between turns; chat-template rendering cannot
 # guarantee token extension.
@@ -45,8 +45,6 @@ class WarmStart:
 class RL:
     """The RL phase: episodes through the gateway, action-masked grpo."""
 
-    steps: int = setting(gt=0, doc="RL steps")
-    learning_rate: float = setting(gt=0, doc="learning rate of the RL steps")
     tasks_per_step: int = setting(gt=0, doc="tasks per step")
     group_size: int = setting(ge=2, doc="episodes per task (group-relative advantages)")
     max_turns: int = setting(ge=2, doc="model turns per episode (a call turn and an answer)")
@@ -74,9 +72,9 @@ class Eval:
 
 @dataclass(frozen=True)
 class TitoProfile(profiles.JourneyProfile):
-    """A TITO profile (recipes/agentic/tito/configs/*.json)."""
+    """A TITO profile (recipes/agentic/tito/configs/*.json): ``steps`` and ``learning_rate``
+    are the RL phase's; the warm start has its own."""
 
-    model: str = setting(doc="a fixture name, a hub name or a local model directory")
     renderer: str = setting(choices=RENDERERS, doc="a renderer with a token-exact bridge")
     warm_start: WarmStart = setting(doc="SFT on demonstrations before RL")
     rl: RL = setting(doc="the RL phase")
@@ -109,9 +107,6 @@ class TitoProfile(profiles.JourneyProfile):
         doc="run on a copy of the model with the renderer's missing special tokens added (a "
         "ChatML model such as SmolLM2 without tool tokens; local backend only)",
     )
-    training: dict[str, Any] = setting(
-        default_factory=dict, doc="passed through to training_config (peft_config, ...)"
-    )
     eval: Eval = setting(default_factory=Eval, doc="greedy evaluation")
     ckpt: Ckpt = setting(default_factory=Ckpt, doc="resumable checkpoints")
 
@@ -143,11 +138,9 @@ class TitoProfile(profiles.JourneyProfile):
 
     def sub_jobs(self, model: str | None = None) -> list:
         """The sub-jobs, on ``model`` (a prepared copy of the profile's) when given."""
-        return journey_sub_jobs(
-            model or self.model,
-            max_seq_len=self.max_seq_len, n_gpus=self.n_gpus, dtype=self.dtype, seed=self.seed,
-            learning_rate=self.warm_start.learning_rate, batch_size=self.warm_start.batch_size,
-            training=self.training,
+        return self.trainer_and_sampler(
+            self.warm_start.batch_size,
+            model=model or self.model, learning_rate=self.warm_start.learning_rate,
         )  # fmt: skip
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import random
 
-from recipes.agentic.tito.data.towns import HEADS, HERE, TAILS, write
+from recipes.agentic.tito.data.towns import HEADS, HERE, TAILS, write_task
 
 GLOSSARY = HERE / "chain-glossary.jsonl"
 TRAIN, HELD_OUT = HERE / "chain-train.jsonl", HERE / "chain-heldout.jsonl"
@@ -76,8 +76,4 @@ def split() -> tuple[list[dict[str, str]], list[dict[str, str]], list[dict[str, 
 
 
 if __name__ == "__main__":
-    glossary, train, held_out = split()
-    write(GLOSSARY, glossary)
-    write(TRAIN, train)
-    write(HELD_OUT, held_out)
-    print(f"wrote {len(glossary)} entries, {len(train)} + {len(held_out)} questions")
+    write_task((GLOSSARY, TRAIN, HELD_OUT), split(), "entries")

@@ -79,9 +79,13 @@ def write(path: Path, rows: list[dict[str, str]]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def write_task(paths: tuple[Path, Path, Path], rows: tuple[list, list, list], noun: str) -> None:
+    """Write a task's glossary, training and held-out questions (``paths``, in that order)."""
+    for path, part in zip(paths, rows, strict=True):
+        write(path, part)
+    glossary, train, held_out = rows
+    print(f"wrote {len(glossary)} {noun}, {len(train)} + {len(held_out)} questions")
+
+
 if __name__ == "__main__":
-    glossary, train, held_out = split()
-    write(GLOSSARY, glossary)
-    write(TRAIN, train)
-    write(HELD_OUT, held_out)
-    print(f"wrote {len(glossary)} towns, {len(train)} + {len(held_out)} questions")
+    write_task((GLOSSARY, TRAIN, HELD_OUT), split(), "towns")
