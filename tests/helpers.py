@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository root
@@ -16,3 +17,8 @@ def jsonl(rows) -> str:
 def write_jsonl(path: Path, rows) -> Path:
     path.write_text(jsonl(rows))
     return path
+
+
+def python_m(module: str, *args: str) -> list[str]:
+    """The command that runs ``module`` with this interpreter: ``python -m module args...``."""
+    return [sys.executable, "-m", module, *args]
