@@ -263,12 +263,33 @@ def throughput(tokens: int, seconds: float, flops_per_token: float, peak: float 
     }
 
 
+def compared(
+    key: str,
+    server_s: list[float],
+    local_s: list[float],
+    ratio: Callable[[float, float], float],
+    target: tuple[str, float],
+    tokens: int,
+    flops_per_token: float,
+    peak: float | None,
+) -> dict:
+    """The server's and the in-process run's times (``key``: their medians): ``ratio`` of the
+    medians (server's, in-process's), the ``target`` it is held to, each side's throughput of
+    ``tokens`` a run and every time."""
+    on_server, in_process = statistics.median(server_s), statistics.median(local_s)
+    return {
+        key: {"server": on_server, "in_process": in_process},
+        "ratio": ratio(on_server, in_process),
+        target[0]: target[1],
+        "server": throughput(tokens, on_server, flops_per_token, peak),
+        "in_process": throughput(tokens, in_process, flops_per_token, peak),
+        "all_s": {"server": server_s, "in_process": local_s},
+    }
+
+
 def report(args, path: Path, server: dict, local: dict) -> dict:
     n = local["n_parameters"]
-    med = statistics.median
-    sft_server, sft_local = med(server["sft_s"]), med(local["sft_s"])
-    gen_server, gen_local = med(server["generate_s"]), med(local["generate_s"])
-    sync_s = med(server["weight_sync_s"])
+    sync_s = statistics.median(server["weight_sync_s"])
     train_tokens = args.rows * args.length
     new_tokens = args.prompts * args.new_tokens
     return {
@@ -286,24 +307,32 @@ def report(args, path: Path, server: dict, local: dict) -> dict:
         "peak_tflops": args.peak_tflops,
         "sft": {
             "batch": [args.rows, args.length],
-            "step_s": {"server": sft_server, "in_process": sft_local},
-            "ratio": sft_server / sft_local,
-            "target_ratio_max": SFT_RATIO_MAX,
-            "server": throughput(train_tokens, sft_server, 6 * n, args.peak_tflops),
-            "in_process": throughput(train_tokens, sft_local, 6 * n, args.peak_tflops),
-            "all_s": {"server": server["sft_s"], "in_process": local["sft_s"]},
+            **compared(
+                "step_s",
+                server["sft_s"],
+                local["sft_s"],
+                lambda on_server, in_process: on_server / in_process,
+                ("target_ratio_max", SFT_RATIO_MAX),
+                train_tokens,
+                6 * n,
+                args.peak_tflops,
+            ),
         },
         "sampling": {
             "prompts": args.prompts,
             "prompt_tokens": args.prompt_tokens,
             "new_tokens": args.new_tokens,
-            "generate_s": {"server": gen_server, "in_process": gen_local},
-            # tokens/s through the server over tokens/s in-process (same token count).
-            "ratio": gen_local / gen_server,
-            "target_ratio_min": SAMPLING_RATIO_MIN,
-            "server": throughput(new_tokens, gen_server, 2 * n, args.peak_tflops),
-            "in_process": throughput(new_tokens, gen_local, 2 * n, args.peak_tflops),
-            "all_s": {"server": server["generate_s"], "in_process": local["generate_s"]},
+            **compared(
+                "generate_s",
+                server["generate_s"],
+                local["generate_s"],
+                # tokens/s through the server over tokens/s in-process (same token count).
+                lambda on_server, in_process: in_process / on_server,
+                ("target_ratio_min", SAMPLING_RATIO_MIN),
+                new_tokens,
+                2 * n,
+                args.peak_tflops,
+            ),
         },
         "weight_sync": {
             "format": "hf",

@@ -76,21 +76,64 @@ def warm_median(times: list[float]) -> float:
     return statistics.median(times[1:] if len(times) > 1 else times)
 
 
+def run_recipe(train_module: str, work: Path, name: str, **config) -> tuple[list[dict], float]:
+    """``<train_module>.main`` in this process, logging to ``work/name``: the metrics records
+    it wrote and its wall time in seconds (to 0.1 s)."""
+    import importlib
+
+    from cortex_recipes.plots import read_metrics
+
+    train = importlib.import_module(train_module)
+    started = time.perf_counter()
+    train.main(train.Config(log_path=str(work / name), **config))
+    wall = time.perf_counter() - started
+    return read_metrics(work / name), round(wall, 1)
+
+
+def trl_arguments(work: Path, name: str, steps: int, learning_rate: float, seed: int) -> dict:
+    """The TrainingArguments both TRL sides share: a constant learning rate without warm-up or
+    weight decay, on the CPU, seeded, a log line every step and nothing else written."""
+    return {
+        "output_dir": str(work / name),
+        "max_steps": steps,
+        "learning_rate": learning_rate,
+        "lr_scheduler_type": "constant",
+        "warmup_steps": 0,
+        "weight_decay": 0.0,
+        "gradient_checkpointing": False,  # TRL's default is on; the recipe does not recompute
+        "use_cpu": True,
+        "seed": seed,
+        "data_seed": seed,
+        "report_to": [],
+        "save_strategy": "no",
+        "logging_steps": 1,
+        "disable_tqdm": True,
+    }
+
+
+def trl_train(trainer, timer, started: float, key: str, logged: str, digits: int) -> dict:
+    """Train; each step's time, the ``logged`` value of each step (rounded to ``digits``) as
+    ``key`` and the wall time from ``started`` to the last step's end."""
+    trainer.train()
+    values = [round(h[logged], digits) for h in trainer.state.log_history if logged in h]
+    return {
+        "step_s": [round(t, 3) for t in timer.steps],
+        key: values,
+        "wall_s": round(timer.last_end - started, 1),
+    }
+
+
 # -- SFT -------------------------------------------------------------------------------------
 
 
 def project_sft(steps: int, work: Path) -> dict:
-    from cortex_recipes.plots import read_metrics
-    from recipes.sft.conversational.train import Config, main
-
-    started = time.perf_counter()
-    main(Config(profile=SFT_PROFILE, log_path=str(work / "sft"), steps=steps))
-    wall = time.perf_counter() - started
-    records = read_metrics(work / "sft")
+    records, wall = run_recipe(
+        "recipes.sft.conversational.train", work, "sft", profile=SFT_PROFILE, steps=steps
+    )
     return {
         "step_s": [r["time/step"] for r in records],
         "losses": [round(r["loss"], 4) for r in records],
-        "wall_s": round(wall, 1),
+        "wall_s": wall,
     }
 
 
@@ -132,23 +175,10 @@ def trl_sft(steps: int, work: Path) -> dict:
         tokenizer.pad_token_id = frames.pad_id(tokenizer)
     timer = step_timer()
     args = SFTConfig(
-        output_dir=str(work / "trl-sft"),
+        **trl_arguments(work, "trl-sft", steps, profile.learning_rate, profile.seed),
         per_device_train_batch_size=profile.batch_size,
-        max_steps=steps,
-        learning_rate=profile.learning_rate,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
         max_length=profile.max_seq_len,
         completion_only_loss=True,
-        gradient_checkpointing=False,  # TRL's default is on; the recipe does not recompute
-        use_cpu=True,
-        seed=profile.seed,
-        data_seed=profile.seed,
-        report_to=[],
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
         dataloader_num_workers=0,
     )
     trainer = SFTTrainer(
@@ -160,32 +190,22 @@ def trl_sft(steps: int, work: Path) -> dict:
         callbacks=[timer],
     )
     trainer._get_train_sampler = lambda *a, **k: torch.utils.data.SequentialSampler(data)
-    trainer.train()
-    losses = [round(h["loss"], 4) for h in trainer.state.log_history if "loss" in h]
-    return {
-        "step_s": [round(t, 3) for t in timer.steps],
-        "losses": losses,
-        "wall_s": round(timer.last_end - started, 1),
-    }
+    return trl_train(trainer, timer, started, "losses", "loss", 4)
 
 
 # -- Math GRPO -------------------------------------------------------------------------------
 
 
 def project_grpo(steps: int, work: Path) -> dict:
-    from cortex_recipes.plots import read_metrics
-    from recipes.rl.math_grpo.train import Config, main
-
-    started = time.perf_counter()
-    main(Config(profile=GRPO_PROFILE, log_path=str(work / "grpo"), steps=steps))
-    wall = time.perf_counter() - started
-    records = read_metrics(work / "grpo")
+    records, wall = run_recipe(
+        "recipes.rl.math_grpo.train", work, "grpo", profile=GRPO_PROFILE, steps=steps
+    )
     return {
         "step_s": [r["time/step"] for r in records],
         "rollouts_s": [r["time/rollouts"] for r in records],
         "train_s": [r["time/train"] for r in records],
         "rewards": [round(r["reward/mean"], 3) for r in records],
-        "wall_s": round(wall, 1),
+        "wall_s": wall,
     }
 
 
@@ -221,34 +241,21 @@ def trl_grpo(steps: int, work: Path) -> dict:
     loss = profile.loss
     timer = step_timer()
     args = GRPOConfig(
-        output_dir=str(work / "trl-grpo"),
+        **trl_arguments(work, "trl-grpo", steps, profile.learning_rate, profile.seed),
         per_device_train_batch_size=profile.orchestrator.batch_size,
         num_generations=profile.group_size,
         max_completion_length=sampling.max_tokens,
         temperature=sampling.temperature,
         top_p=1.0,
         top_k=0,
-        max_steps=steps,
-        learning_rate=profile.learning_rate,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
         beta=0.0,
         epsilon=loss.eps_clip,
         loss_type="dapo",  # token-mean over the batch, the profile's loss_agg_mode
         num_iterations=1,
         steps_per_generation=1,
         gradient_accumulation_steps=1,
-        use_cpu=True,
-        seed=profile.seed,
-        data_seed=profile.seed,
-        report_to=[],
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
         log_completions=False,
         shuffle_dataset=False,
-        gradient_checkpointing=False,  # TRL's default is on; the recipe does not recompute
     )
     trainer = GRPOTrainer(
         model=model,
@@ -259,13 +266,7 @@ def trl_grpo(steps: int, work: Path) -> dict:
         peft_config=lora_config(profile.training["peft_config"]),
         callbacks=[timer],
     )
-    trainer.train()
-    rewards = [round(h["reward"], 3) for h in trainer.state.log_history if "reward" in h]
-    return {
-        "step_s": [round(t, 3) for t in timer.steps],
-        "rewards": rewards,
-        "wall_s": round(timer.last_end - started, 1),
-    }
+    return trl_train(trainer, timer, started, "rewards", "reward", 3)
 
 
 def compare(ours: dict, trl: dict) -> dict:

@@ -9,6 +9,7 @@ import os
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from cortex_recipes.export import ExportError
@@ -213,171 +214,168 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return 0 if written else 1
 
 
+ROOT_HELP = "repository root (default: the nearest directory holding journeys.toml)"
+Argument = tuple[tuple[str, ...], dict[str, object]]
+
+
+def _arg(*names: str, **options: object) -> Argument:
+    """One ``add_argument`` call, as data for :func:`_add_command`."""
+    return names, options
+
+
+def _add_command(
+    commands: argparse._SubParsersAction,
+    name: str,
+    func: Callable[[argparse.Namespace], int],
+    help: str,
+    *arguments: Argument,
+    description: str | None = None,
+) -> argparse.ArgumentParser:
+    """A subcommand ``name`` with ``arguments`` (in order) that runs ``func``."""
+    parser = commands.add_parser(name, help=help, description=description)
+    for names, options in arguments:
+        parser.add_argument(*names, **options)
+    parser.set_defaults(func=func)
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cortex-recipes")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     parser.add_argument("--version", action="version", version=version())
     commands = parser.add_subparsers(dest="command", required=True)
 
-    listing = commands.add_parser(
-        "list",
-        help="each journey, its profiles, their hardware and validation status",
+    _add_command(
+        commands, "list", _cmd_list,
+        "each journey, its profiles, their hardware and validation status",
+        _arg("--wide", action="store_true", help="also print each profile's purpose"),
+        _arg("--root", help="repository root (default: the nearest journeys.toml)"),
         description="Read from journeys.toml and each journey's recipe.yaml; one line a profile.",
-    )
-    listing.add_argument("--wide", action="store_true", help="also print each profile's purpose")
-    listing.add_argument("--root", help="repository root (default: the nearest journeys.toml)")
-    listing.set_defaults(func=_cmd_list)
+    )  # fmt: skip
 
     models = commands.add_parser("models", help="offline model fixtures and local hub models")
     model_commands = models.add_subparsers(dest="models_command", required=True)
-    path = model_commands.add_parser(
-        "path",
-        help="print the local directory for a model name, building a fixture if needed",
+    models_root = _arg("--root", help="repository root (default: the nearest with journeys.toml)")
+    _add_command(
+        model_commands, "path", _cmd_models_path,
+        "print the local directory for a model name, building a fixture if needed",
+        _arg("name"),
         description=f"Fixture names: {', '.join(FIXTURE_MODELS)}; hub names need local weights.",
-    )
-    path.add_argument("name")
-    path.set_defaults(func=_cmd_models_path)
-    verify = model_commands.add_parser(
-        "verify",
-        help="check local hub weights against the revision and sha256 pins in models.json",
+    )  # fmt: skip
+    _add_command(
+        model_commands, "verify", _cmd_models_verify,
+        "check local hub weights against the revision and sha256 pins in models.json",
+        _arg("names", nargs="*", help="hub model names (e.g. Qwen/Qwen3-0.6B)"),
+        models_root,
         description=(
             "Offline. Fails (exit 1) on an unfilled pin, a missing file or a hash mismatch, "
             "each with the command that fixes it. Default: every hub model in the catalog."
         ),
-    )
-    verify.add_argument("names", nargs="*", help="hub model names (e.g. Qwen/Qwen3-0.6B)")
-    verify.add_argument("--root", help="repository root (default: the nearest with journeys.toml)")
-    verify.set_defaults(func=_cmd_models_verify)
-    fetch = model_commands.add_parser(
-        "fetch",
-        help="download a hub model at its pinned revision (networked machines only), then verify",
+    )  # fmt: skip
+    _add_command(
+        model_commands, "fetch", _cmd_models_fetch,
+        "download a hub model at its pinned revision (networked machines only), then verify",
+        _arg("name"),
+        _arg("--pin", action="store_true", help="fill the pin from what is downloaded"),
+        _arg("--local-dir", help="a CORTEX_RECIPES_MODEL_DIRS folder instead of the cache"),
+        models_root,
         description=(
             "Uses huggingface_hub.snapshot_download with the pinned revision, into the Hugging "
             "Face cache (HF_HUB_CACHE / HF_HOME) or --local-dir/<org>/<name> (a "
             "CORTEX_RECIPES_MODEL_DIRS entry). --pin writes the revision and the weight "
             "hashes it got into model-catalog/models.json (for a maintainer to commit)."
         ),
-    )
-    fetch.add_argument("name")
-    fetch.add_argument("--pin", action="store_true", help="fill the pin from what is downloaded")
-    fetch.add_argument(
-        "--local-dir", help="a CORTEX_RECIPES_MODEL_DIRS folder instead of the cache"
-    )
-    fetch.add_argument("--root", help="repository root (default: the nearest with journeys.toml)")
-    fetch.set_defaults(func=_cmd_models_fetch)
+    )  # fmt: skip
 
     from cortex_recipes.local.server import add_serve_arguments
 
-    serve = commands.add_parser("serve", help="run the local Cortex Training-compatible backend")
+    serve = _add_command(
+        commands, "serve", _cmd_serve, "run the local Cortex Training-compatible backend"
+    )
     add_serve_arguments(serve)
-    serve.set_defaults(func=_cmd_serve)
 
-    root_help = "repository root (default: the nearest directory holding journeys.toml)"
-    check = commands.add_parser(
-        "validate",
-        help="check every landed journey against the recipe contract (offline, no models)",
-        description="Prints one 'path: problem' line per problem; exits 1 if there is any.",
-    )
-    check.add_argument("--root", help=root_help)
-    check.add_argument(
-        "--release",
-        action="store_true",
-        help="also fail on stale evidence: a record behind last_validated whose code_digest "
-        "or git_revision no longer matches the code",
-    )
-    check.set_defaults(func=_cmd_validate)
-
-    qualify = commands.add_parser(
-        "qualify",
-        help="run a journey's qualification for one profile and record the evidence",
+    root = _arg("--root", help=ROOT_HELP)
+    problems = "Prints one 'path: problem' line per problem; exits 1 if there is any."
+    _add_command(
+        commands, "validate", _cmd_validate,
+        "check every landed journey against the recipe contract (offline, no models)",
+        root,
+        _arg("--release", action="store_true",
+             help="also fail on stale evidence: a record behind last_validated whose code_digest "
+             "or git_revision no longer matches the code"),
+        description=problems,
+    )  # fmt: skip
+    _add_command(
+        commands, "qualify", _cmd_qualify,
+        "run a journey's qualification for one profile and record the evidence",
+        _arg("journey", nargs="?", help="a journey name from journeys.toml (e.g. sft)"),
+        _arg("profile", nargs="?", default="auto",
+             help="a profile name from the journey's recipe.yaml; auto (default): the GPU profile "
+             "when CUDA is visible and its pinned weights verify, else the CPU qualification profile"),
+        _arg("overrides", nargs="*", help="key=value overrides passed on (e.g. connection=...)"),
+        _arg("--stale", action="store_true",
+             help="re-run exactly the qualifications whose evidence `validate` reports as stale"),
+        root,
+        _arg("--out",
+             help="write the runs to OUT/runs and the record to OUT/evidence, and leave recipe.yaml "
+             "and the catalog alone (the image's /out)"),
         description=(
             "Runs `python -m <qualify module> profile=<config> [overrides]` from journeys.toml; "
             "on success the module has written evidence/<profile>.json and set last_validated, "
             "and the model catalog and recipes/README.md are regenerated."
         ),
-    )
-    qualify.add_argument("journey", nargs="?", help="a journey name from journeys.toml (e.g. sft)")
-    qualify.add_argument(
-        "profile",
-        nargs="?",
-        default="auto",
-        help="a profile name from the journey's recipe.yaml; auto (default): the GPU profile "
-        "when CUDA is visible and its pinned weights verify, else the CPU qualification profile",
-    )
-    qualify.add_argument(
-        "overrides", nargs="*", help="key=value overrides passed on (e.g. connection=...)"
-    )
-    qualify.add_argument(
-        "--stale",
-        action="store_true",
-        help="re-run exactly the qualifications whose evidence `validate` reports as stale",
-    )
-    qualify.add_argument("--root", help=root_help)
-    qualify.add_argument(
-        "--out",
-        help="write the runs to OUT/runs and the record to OUT/evidence, and leave recipe.yaml "
-        "and the catalog alone (the image's /out)",
-    )
-    qualify.set_defaults(func=_cmd_qualify)
-
-    journey = commands.add_parser(
-        "journey",
-        help="run a journey's default training or its smoke command (the image verbs)",
+    )  # fmt: skip
+    _add_command(
+        commands, "journey", _cmd_journey,
+        "run a journey's default training or its smoke command (the image verbs)",
+        _arg("verb", choices=("train", "smoke")),
+        _arg("journey", help="a journey name from journeys.toml (e.g. sft)"),
+        _arg("overrides", nargs="*", help="key=value overrides passed on"),
+        root,
         description=(
             "train: python -m <entry point> [overrides], with connection=<file> added when "
             f"${CONNECTION_FILE_ENV} is set or {MOUNTED_CONNECTION} exists; "
             "smoke: the smoke command from journeys.toml. The exit code is the command's."
         ),
-    )
-    journey.add_argument("verb", choices=("train", "smoke"))
-    journey.add_argument("journey", help="a journey name from journeys.toml (e.g. sft)")
-    journey.add_argument("overrides", nargs="*", help="key=value overrides passed on")
-    journey.add_argument("--root", help=root_help)
-    journey.set_defaults(func=_cmd_journey)
-
-    export = commands.add_parser(
-        "export",
-        help="write a run's checkpoint as a directory from_pretrained (or PEFT) loads",
+    )  # fmt: skip
+    _add_command(
+        commands, "export", _cmd_export,
+        "write a run's checkpoint as a directory from_pretrained (or PEFT) loads",
+        _arg("run", help="a run folder (runs/<journey>/<run name>) or a checkpoint dir"),
+        _arg("out", help="a new (or empty) output directory"),
+        _arg("--merge-lora", action="store_true", help="fold a LoRA adapter in"),
+        _arg("--checkpoint", help="a checkpoint_id from the run's checkpoints.jsonl"),
         description=(
             "RUN is a run folder (its newest checkpoint, or --checkpoint) or a checkpoint "
             "directory (.../cp_<id>/global_step<N>/). Full weights become a Hugging Face model "
             "directory, a LoRA adapter a PEFT directory (or, with --merge-lora, a merged model)."
         ),
-    )
-    export.add_argument("run", help="a run folder (runs/<journey>/<run name>) or a checkpoint dir")
-    export.add_argument("out", help="a new (or empty) output directory")
-    export.add_argument("--merge-lora", action="store_true", help="fold a LoRA adapter in")
-    export.add_argument("--checkpoint", help="a checkpoint_id from the run's checkpoints.jsonl")
-    export.set_defaults(func=_cmd_export)
-
-    plot = commands.add_parser(
-        "plot",
-        help="write PNGs of loss, reward, teacher KL, policy lag and eval curves of runs",
+    )  # fmt: skip
+    _add_command(
+        commands, "plot", _cmd_plot,
+        "write PNGs of loss, reward, teacher KL, policy lag and eval curves of runs",
+        _arg("runs", nargs="+", metavar="RUN", help="a run folder (runs/<journey>/<run>)"),
+        _arg("--out", help="output folder (default with one run: <run>/plots)"),
         description=(
             "Reads each RUN's metrics.jsonl and writes one PNG per curve some run reports "
             "(loss, reward, teacher_kl, mismatch_kl, policy_lag, eval), the runs overlaid; "
             "prints the paths written. Exits 1 if no run reports a plotted key."
         ),
-    )
-    plot.add_argument("runs", nargs="+", metavar="RUN", help="a run folder (runs/<journey>/<run>)")
-    plot.add_argument("--out", help="output folder (default with one run: <run>/plots)")
-    plot.set_defaults(func=_cmd_plot)
+    )  # fmt: skip
 
     catalog = commands.add_parser("catalog", help="the model catalog (model-catalog/)")
     catalog_commands = catalog.add_subparsers(dest="catalog_command", required=True)
-    catalog_check = catalog_commands.add_parser(
-        "validate",
-        help="check schema, paths, SDK sub-jobs and evidence of every catalog entry",
-        description="Prints one 'path: problem' line per problem; exits 1 if there is any.",
-    )
-    catalog_check.add_argument("--root", help=root_help)
-    catalog_check.set_defaults(func=_cmd_catalog_validate)
-    catalog_sync = catalog_commands.add_parser(
-        "sync",
-        help="regenerate catalog profiles, recipes/README.md and the compatibility table",
-    )
-    catalog_sync.add_argument("--root", help=root_help)
-    catalog_sync.set_defaults(func=_cmd_catalog_sync)
+    _add_command(
+        catalog_commands, "validate", _cmd_catalog_validate,
+        "check schema, paths, SDK sub-jobs and evidence of every catalog entry",
+        root,
+        description=problems,
+    )  # fmt: skip
+    _add_command(
+        catalog_commands, "sync", _cmd_catalog_sync,
+        "regenerate catalog profiles, recipes/README.md and the compatibility table",
+        root,
+    )  # fmt: skip
     return parser
 
 

@@ -62,14 +62,20 @@ def find_root(start: Path | None = None) -> Path:
     raise JourneyError(f"no {JOURNEYS_FILE} in {here} or any parent; pass --root")
 
 
-def load_journeys(root: Path) -> list[Journey]:
-    path = root / JOURNEYS_FILE
+def _parsed(path: Path, parse: Callable[[str], Any], error: type[Exception], language: str) -> Any:
+    """``parse`` of the text of ``path``; :class:`JourneyError` when the file does not exist or
+    ``parse`` raises ``error`` (it is not valid ``language``)."""
     try:
-        data = tomllib.loads(path.read_text())
+        return parse(path.read_text())
     except FileNotFoundError as exc:
         raise JourneyError(f"{path} does not exist") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise JourneyError(f"{path} is not valid TOML: {exc}") from exc
+    except error as exc:
+        raise JourneyError(f"{path} is not valid {language}: {exc}") from exc
+
+
+def load_journeys(root: Path) -> list[Journey]:
+    path = root / JOURNEYS_FILE
+    data = _parsed(path, tomllib.loads, tomllib.TOMLDecodeError, "TOML")
     tables = data.get("journey")
     if not isinstance(tables, list) or not tables:
         raise JourneyError(f"{path}: needs one or more [[journey]] tables")
@@ -117,12 +123,7 @@ def _dates_to_strings(value: Any) -> Any:
 
 
 def load_recipe(recipe_yaml: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(recipe_yaml.read_text())
-    except FileNotFoundError as exc:
-        raise JourneyError(f"{recipe_yaml} does not exist") from exc
-    except yaml.YAMLError as exc:
-        raise JourneyError(f"{recipe_yaml} is not valid YAML: {exc}") from exc
+    data = _parsed(recipe_yaml, yaml.safe_load, yaml.YAMLError, "YAML")
     if not isinstance(data, dict):
         raise JourneyError(f"{recipe_yaml} must hold a mapping")
     return _dates_to_strings(data)

@@ -22,6 +22,16 @@ def _digests(directory: Path) -> dict[str, str]:
     }
 
 
+def user_turn(tok, content: str) -> dict:
+    """One user message through the chat template, with the generation prompt (pt tensors)."""
+    return tok.apply_chat_template(
+        [{"role": "user", "content": content}],
+        add_generation_prompt=True,
+        return_dict=True,
+        return_tensors="pt",
+    )
+
+
 @pytest.mark.parametrize(
     "name",
     [
@@ -59,12 +69,7 @@ def test_tiny_qwen3_uses_the_shipped_qwen3_chat_template():
 def test_fixture_forward_pass_gives_finite_next_token_logprobs(name):
     tok = load_tokenizer(name)
     model = load_causal_lm(name)
-    ids = tok.apply_chat_template(
-        [{"role": "user", "content": "What is 12 + 30?"}],
-        add_generation_prompt=True,
-        return_dict=True,
-        return_tensors="pt",
-    )["input_ids"]
+    ids = user_turn(tok, "What is 12 + 30?")["input_ids"]
     with torch.no_grad():
         logits = model(input_ids=ids).logits
     assert logits.shape[:2] == ids.shape
@@ -114,12 +119,7 @@ def test_smollm2_tokenizer_keeps_whitespace_before_digits_as_one_token():
 def test_smollm2_greedy_answer_is_coherent():
     tok = load_tokenizer(SMOLLM2_135M_INSTRUCT)
     model = load_causal_lm(SMOLLM2_135M_INSTRUCT)
-    enc = tok.apply_chat_template(
-        [{"role": "user", "content": "What is the capital of France?"}],
-        add_generation_prompt=True,
-        return_dict=True,
-        return_tensors="pt",
-    )
+    enc = user_turn(tok, "What is the capital of France?")
     out = model.generate(**enc, max_new_tokens=12, do_sample=False)
     answer = tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer

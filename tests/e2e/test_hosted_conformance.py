@@ -4,7 +4,6 @@ the default mode still accepts it, and OPD's teacher scoring runs end to end in 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from cortex_recipes.local import LocalBackend
 from cortex_recipes.local.hosted import RULES
 from tests import extras
 from tests.e2e.conftest import TINY, inference, start, training
+from tests.e2e.hosted import hosted_mode_ran, metrics, run_hosted
 
 pytestmark = pytest.mark.e2e
 
@@ -124,19 +124,11 @@ def test_every_rule_is_documented():
 def test_opd_scores_its_teacher_end_to_end_in_hosted_mode(tmp_path):
     """OPD's hosted path: teacher scores, the alignment probe and the fingerprints go through
     the raw /forward (the wrapped forward is refused in this mode)."""
-    from recipes.distillation.on_policy.train import Config, main
-
-    summary = main(
-        Config(
-            profile="recipes/distillation/on_policy/configs/local-cpu-smollm2-teacher.json",
-            connection="local-hosted",
-            steps=1,
-            log_path=str(tmp_path),
-        )
+    summary = run_hosted(
+        "distillation/on_policy", "local-cpu-smollm2-teacher.json", tmp_path, steps=1
     )
-    metrics = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [1]
-    assert metrics[0]["teacher_term_token_count"] == metrics[0]["sampled_tokens"] > 0
+    records = metrics(tmp_path)
+    assert [m["step"] for m in records] == [1]
+    assert records[0]["teacher_term_token_count"] == records[0]["sampled_tokens"] > 0
     assert summary["teacher_frozen"] is True and summary["alignment"]["positions"] > 0
-    log = (tmp_path / "backend" / "server.log").read_text()
-    assert "hosted-conformance mode" in log
+    assert hosted_mode_ran(tmp_path)

@@ -10,39 +10,25 @@ needs prime-rl's environment and is checked where it is installed.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from tests import extras
+from tests.e2e.conftest import TINY
+from tests.e2e.hosted import hosted_mode_ran, metrics, run_hosted
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-TINY = "tiny-qwen3"
 SMALL = ("n_gpus=1", "dtype=float32")
-
-
-def metrics(run: Path) -> list[dict]:
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
-
-
-def hosted_mode_ran(run: Path) -> bool:
-    return "hosted-conformance mode" in (run / "backend" / "server.log").read_text()
 
 
 @extras.requires("sft")
 def test_sft_hosted_profile(tmp_path):
-    from recipes.sft.conversational.train import Config, main
-
-    summary = main(
-        Config(
-            profile="recipes/sft/conversational/configs/cortex-qwen3-8b-lora.json",
-            connection="local-hosted",
-            steps=1,
-            log_path=str(tmp_path),
-            overrides=(f"model={TINY}", *SMALL, "batch_size=2", "max_seq_len=256"),
-        )
+    summary = run_hosted(
+        "sft/conversational",
+        "cortex-qwen3-8b-lora.json",
+        tmp_path,
+        steps=1,
+        overrides=(f"model={TINY}", *SMALL, "batch_size=2", "max_seq_len=256"),
     )
     assert [m["step"] for m in metrics(tmp_path)] == [1]
     assert summary["checkpoint_id"].startswith("cp_") and "eval_after" in summary
@@ -51,23 +37,19 @@ def test_sft_hosted_profile(tmp_path):
 
 @extras.requires("opd")
 def test_opd_hosted_profile(tmp_path):
-    from recipes.distillation.on_policy.train import Config, main
-
-    summary = main(
-        Config(
-            profile="recipes/distillation/on_policy/configs/cortex-qwen3-8b-to-1.7b.json",
-            connection="local-hosted",
-            steps=1,
-            log_path=str(tmp_path),
-            overrides=(
-                f"model={TINY}",
-                f"teacher_model={TINY}",
-                *SMALL,
-                "rollouts_per_step=4",
-                "max_tokens=8",
-                "max_seq_len=256",
-            ),  # fmt: skip
-        )
+    summary = run_hosted(
+        "distillation/on_policy",
+        "cortex-qwen3-8b-to-1.7b.json",
+        tmp_path,
+        steps=1,
+        overrides=(
+            f"model={TINY}",
+            f"teacher_model={TINY}",
+            *SMALL,
+            "rollouts_per_step=4",
+            "max_tokens=8",
+            "max_seq_len=256",
+        ),  # fmt: skip
     )
     [step] = metrics(tmp_path)
     assert step["teacher_term_token_count"] == step["sampled_tokens"] > 0
@@ -76,23 +58,19 @@ def test_opd_hosted_profile(tmp_path):
 
 @extras.requires("grpo")
 def test_math_grpo_hosted_profile(tmp_path):
-    from recipes.rl.math_grpo.train import Config, main
-
-    main(
-        Config(
-            profile="recipes/rl/math_grpo/configs/cortex-qwen3-8b-lora.json",
-            connection="local-hosted",
-            steps=1,
-            log_path=str(tmp_path),
-            overrides=(
-                f"model={TINY}",
-                *SMALL,
-                "orchestrator.batch_size=8",
-                "orchestrator.group_size=4",
-                "orchestrator.sampling.max_tokens=8",
-                "eval.num_examples=4",
-            ),  # fmt: skip
-        )
+    run_hosted(
+        "rl/math_grpo",
+        "cortex-qwen3-8b-lora.json",
+        tmp_path,
+        steps=1,
+        overrides=(
+            f"model={TINY}",
+            *SMALL,
+            "orchestrator.batch_size=8",
+            "orchestrator.group_size=4",
+            "orchestrator.sampling.max_tokens=8",
+            "eval.num_examples=4",
+        ),  # fmt: skip
     )
     assert [m["step"] for m in metrics(tmp_path)] == [1]
     assert hosted_mode_ran(tmp_path)
@@ -100,24 +78,20 @@ def test_math_grpo_hosted_profile(tmp_path):
 
 @extras.requires("tito")
 def test_tito_hosted_profile(tmp_path):
-    from recipes.agentic.tito.train import Config, main
-
-    main(
-        Config(
-            profile="recipes/agentic/tito/configs/cortex-qwen3-8b-chain.json",
-            connection="local-hosted",
-            warm_start_steps=1,
-            steps=1,
-            log_path=str(tmp_path),
-            overrides=(
-                f"model={TINY}",
-                *SMALL,
-                "warm_start.batch_size=2",
-                "rl.tasks_per_step=2",
-                "rl.group_size=2",
-                "rl.max_tokens=16",
-            ),  # fmt: skip
-        )
+    run_hosted(
+        "agentic/tito",
+        "cortex-qwen3-8b-chain.json",
+        tmp_path,
+        warm_start_steps=1,
+        steps=1,
+        overrides=(
+            f"model={TINY}",
+            *SMALL,
+            "warm_start.batch_size=2",
+            "rl.tasks_per_step=2",
+            "rl.group_size=2",
+            "rl.max_tokens=16",
+        ),  # fmt: skip
     )
     assert any(m.get("step") == 1 for m in metrics(tmp_path))
     assert hosted_mode_ran(tmp_path)

@@ -371,14 +371,19 @@ def _post(backend, job_id: str, path: str, data: bytes | None = None, json_body=
     )
 
 
+def _fwd_bwd_chunks(frame: bytes, **options) -> list[bytes]:
+    """``frame`` as a forward-backward chunk group of 9000-byte chunks (chunked however small)."""
+    return wire.encode_byte_chunks(
+        frame, kind="request", operation="fwd-bwd", max_bytes=9000, force_chunk=True, **options
+    )
+
+
 def test_replayed_chunk_group_applies_its_gradient_once(client, backend, fresh):
     ids = batch(50)
     weights = torch.ones(ids.shape)
     weights[:, -1] = 0
     frame = ce_frame(ids, weights)
-    chunks = wire.encode_byte_chunks(
-        frame, kind="request", operation="fwd-bwd", max_bytes=9000, force_chunk=True
-    )
+    chunks = _fwd_bwd_chunks(frame)
     assert len(chunks) > 1
     run(
         client, fresh, client.step(fresh, learning_rate=0.0)
@@ -401,32 +406,12 @@ def test_replayed_chunk_group_applies_its_gradient_once(client, backend, fresh):
 def test_chunk_group_protocol_errors(backend, fresh):
     ids = batch(51)
     weights = torch.ones(ids.shape)
-    chunks = wire.encode_byte_chunks(
-        ce_frame(ids, weights),
-        kind="request",
-        operation="fwd-bwd",
-        max_bytes=9000,
-        force_chunk=True,
-    )
+    chunks = _fwd_bwd_chunks(ce_frame(ids, weights))
     late = _post(backend, fresh, "forward-backward", chunks[1])
     assert late.status_code == 409 and late.json()["code"] == "chunk_group_restart_required"
-    other = wire.encode_byte_chunks(
-        ce_frame(batch(52), weights),
-        kind="request",
-        operation="fwd-bwd",
-        max_bytes=9000,
-        force_chunk=True,
-        chunk_group_id="g-conflict",
-    )
+    other = _fwd_bwd_chunks(ce_frame(batch(52), weights), chunk_group_id="g-conflict")
     assert _post(backend, fresh, "forward-backward", other[0]).status_code == 200
-    clash = wire.encode_byte_chunks(
-        ce_frame(ids, weights),
-        kind="request",
-        operation="fwd-bwd",
-        max_bytes=9000,
-        force_chunk=True,
-        chunk_group_id="g-conflict",
-    )
+    clash = _fwd_bwd_chunks(ce_frame(ids, weights), chunk_group_id="g-conflict")
     response = _post(backend, fresh, "forward-backward", clash[0])
     assert response.status_code == 409 and response.json()["code"] == "chunk_group_conflict"
 

@@ -111,6 +111,21 @@ def scored(client, job_id: str, ids: torch.Tensor, sub_job_type: str) -> torch.T
     return run(client, job_id, request)["post_process_outputs"]["logprobs"]
 
 
+def sft_frame(ids: torch.Tensor, weights: torch.Tensor | None = None) -> bytes:
+    """A causal_cross_entropy frame over ``ids`` with per-token ``weights`` (default 1) as its
+    loss mask; the last column, which has no next token, is masked out."""
+    mask = torch.ones(ids.shape) if weights is None else weights
+    mask[:, -1] = 0.0
+    return wire.dumps(
+        {
+            "args": (),
+            "kwargs": {"input_ids": ids},
+            "context": {"input_ids": ids, "loss_mask": mask},
+            "processing": CE,
+        }
+    )
+
+
 def fb_and_step(client, job_id: str, frame: bytes) -> tuple[dict, dict]:
     result = run(client, job_id, client.forward_backward(job_id, frame))
     return result, run(client, job_id, client.step(job_id))
@@ -119,20 +134,22 @@ def fb_and_step(client, job_id: str, frame: bytes) -> tuple[dict, dict]:
 # -- GPU ------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def gpu_client(tmp_path_factory):
-    with LocalBackend(tmp_path_factory.mktemp("gpu-backend"), device="cuda") as backend:
+def serving(tmp_path_factory, device: str):
+    """A client of a ``LocalBackend(device=device)`` for the module's fixtures (closed after)."""
+    with LocalBackend(tmp_path_factory.mktemp(f"{device}-backend"), device=device) as backend:
         client = backend_client(backend)
         yield client
         client.close()
+
+
+@pytest.fixture(scope="module")
+def gpu_client(tmp_path_factory):
+    yield from serving(tmp_path_factory, "cuda")
 
 
 @pytest.fixture(scope="module")
 def cpu_client(tmp_path_factory):
-    with LocalBackend(tmp_path_factory.mktemp("cpu-backend"), device="cpu") as backend:
-        client = backend_client(backend)
-        yield client
-        client.close()
+    yield from serving(tmp_path_factory, "cpu")
 
 
 @pytest.fixture(scope="module")
@@ -163,16 +180,7 @@ def test_sft_and_grpo_steps_on_cuda_match_the_cpu_backend(gpu_client, cpu_client
     cpu = start(cpu_client, [training()])
 
     ids = batch(1, rows=4, length=128)
-    weights = torch.rand(ids.shape, generator=torch.Generator().manual_seed(2))
-    weights[:, -1] = 0.0
-    sft = wire.dumps(
-        {
-            "args": (),
-            "kwargs": {"input_ids": ids},
-            "context": {"input_ids": ids, "loss_mask": weights},
-            "processing": CE,
-        }
-    )
+    sft = sft_frame(ids, torch.rand(ids.shape, generator=torch.Generator().manual_seed(2)))
     on_gpu, gpu_step = fb_and_step(gpu_client, gpu, sft)
     on_cpu, cpu_step = fb_and_step(cpu_client, cpu, sft)
     assert on_gpu["avg_loss"] == pytest.approx(on_cpu["avg_loss"], abs=LOSS_ATOL)
@@ -257,17 +265,7 @@ def test_weight_sync_on_cuda_makes_the_sampler_match_the_trainer(gpu_client, gpu
         start_col = len(prompt) - 1
         return sampled_logprobs(out[0]), trainer[start_col : start_col + len(tokens)]
 
-    ids = batch(8, rows=2, length=64)
-    mask = torch.ones(ids.shape)
-    mask[:, -1] = 0.0
-    frame = wire.dumps(
-        {
-            "args": (),
-            "kwargs": {"input_ids": ids},
-            "context": {"input_ids": ids, "loss_mask": mask},
-            "processing": CE,
-        }
-    )
+    frame = sft_frame(batch(8, rows=2, length=64))
     run(gpu_client, gpu_job, gpu_client.forward_backward(gpu_job, frame))
     run(gpu_client, gpu_job, gpu_client.step(gpu_job, learning_rate=1e-2))
     sampler, trainer = sampler_and_trainer()
@@ -302,17 +300,7 @@ def _settled_free_gpu_bytes() -> int:
 def test_cancelling_a_cuda_job_frees_its_gpu_memory(gpu_client):
     before = _settled_free_gpu_bytes()  # also creates this process's own CUDA context first
     job_id = start(gpu_client, [training()])
-    ids = batch(9, rows=2, length=64)
-    mask = torch.ones(ids.shape)
-    mask[:, -1] = 0.0
-    frame = wire.dumps(
-        {
-            "args": (),
-            "kwargs": {"input_ids": ids},
-            "context": {"input_ids": ids, "loss_mask": mask},
-            "processing": CE,
-        }
-    )
+    frame = sft_frame(batch(9, rows=2, length=64))
     fb_and_step(gpu_client, job_id, frame)  # gradients and AdamW state exist too
     during = _free_gpu_bytes()
     assert before - during > MEMORY_SLACK, "the worker should hold GPU memory while it runs"

@@ -10,10 +10,10 @@ import pytest
 from cortex_recipes import sft
 from cortex_recipes.data import DataError, load_records, parse_source, prompt_column
 from cortex_recipes.distill.opd_profile import load_opd_profile
+from tests.helpers import ROOT, write_jsonl
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[2]
 SFT_DIR = ROOT / "recipes" / "sft" / "conversational"
 OPD_CONFIG = (
     ROOT / "recipes" / "distillation" / "on_policy" / "configs" / "local-cpu-smollm2-teacher.json"
@@ -174,11 +174,6 @@ TASKS = [
     {"question": "Calculate 7 + 1.", "answer": "8", "source": "hand"},
     {"question": "Calculate 4 + 4.", "answer": "8", "source": "hand"},
 ]
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def test_grpo_task_files_load_through_datasets_and_score_the_first_integer(tmp_path):

@@ -3,38 +3,31 @@
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from cortex_recipes import cli
 from cortex_recipes.journeys import JourneyError
+from tests.helpers import ROOT, python_m
 
 pytestmark = pytest.mark.unit
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_smoke_runs_the_smoke_command_from_journeys_toml_with_this_python():
     command = cli.journey_command(ROOT, "smoke", "sft", ["log_path=/tmp/x"])
-    assert command == [
-        sys.executable,
-        "-m",
+    assert command == python_m(
         "recipes.sft.conversational.train",
         "profile=recipes/sft/conversational/configs/local-cpu-tiny-qwen3.json",
         "log_path=/tmp/x",
-    ]
+    )
 
 
 def test_train_uses_the_local_backend_unless_a_connection_file_is_given(monkeypatch, tmp_path):
     monkeypatch.delenv(cli.CONNECTION_FILE_ENV, raising=False)
     monkeypatch.setattr(cli, "MOUNTED_CONNECTION", tmp_path / "absent.json")
-    assert cli.journey_command(ROOT, "train", "opd", []) == [
-        sys.executable,
-        "-m",
-        "recipes.distillation.on_policy.train",
-    ]
+    assert cli.journey_command(ROOT, "train", "opd", []) == python_m(
+        "recipes.distillation.on_policy.train"
+    )
     mounted = tmp_path / "connection.json"
     mounted.write_text("{}")
     monkeypatch.setattr(cli, "MOUNTED_CONNECTION", mounted)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -20,10 +19,10 @@ from cortex_recipes.metrics import (
     validate_record,
 )
 from cortex_recipes.run import open_run
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "metrics.md"
 # The run-folder journey each recipe folder writes its metrics under.
 RECIPE_JOURNEY = {

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from cortex_recipes import cli
 from cortex_recipes.plots import PLOTS, PlotError, curve, plot_runs, run_labels
+from tests.helpers import write_jsonl
 
 pytestmark = pytest.mark.unit
 
@@ -17,7 +17,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def write_run(path: Path, records: list[dict]) -> Path:
     path.mkdir(parents=True)
-    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_jsonl(path / "metrics.jsonl", records)
     return path
 
 

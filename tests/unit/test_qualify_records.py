@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import sys
 
 import pytest
 import yaml
 
 from cortex_recipes import cli, provenance, qualify, qualify_command, validate
 from cortex_recipes.repo_checks import records
+from tests.helpers import python_m
 from tests.unit.recipe_fixtures import DEMO, write_demo_repository
 
 pytestmark = pytest.mark.unit
@@ -87,13 +87,9 @@ def test_metric_outside_its_range_fails_the_record_and_leaves_recipe_yaml(demo, 
 
 def test_qualify_command_is_the_journeys_qualify_module_with_the_profile_config(demo):
     command = qualify_command.qualification_command(demo, "demo", "cpu", ["connection=local"])
-    assert command == [
-        sys.executable,
-        "-m",
-        "recipes.demo.qualify",
-        "profile=recipes/demo/configs/cpu.json",
-        "connection=local",
-    ]
+    assert command == python_m(
+        "recipes.demo.qualify", "profile=recipes/demo/configs/cpu.json", "connection=local"
+    )
 
 
 def test_cli_qualify_records_evidence_that_the_validator_accepts(demo, capfd):

@@ -3,9 +3,6 @@ reward, the two-turn demonstrations (complete and stopped early) and the profile
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("verifiers")
@@ -17,30 +14,23 @@ from cortex_recipes.envs.glossary import (
     entity_key,
     glossary_config,
     load_chain_questions,
-    load_facts,
     task_reward,
 )
 from cortex_recipes.profiles import ProfileError
 from cortex_recipes.tito.tito_profile import load_tito_profile
 from cortex_recipes.tito.training import chain_demonstration, completed_chains
 from recipes.agentic.tito.data import chain
+from tests.helpers import ROOT, write_jsonl
+from tests.unit.glossary_data import committed_split, profile_tasks
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "recipes" / "agentic" / "tito" / "configs"
 CHAIN = CONFIGS / "local-cpu-smollm2-chain.json"
 
 
-def lines(rows):
-    return "".join(json.dumps(r) + "\n" for r in rows)
-
-
 def test_the_committed_chain_data_is_the_generators_and_the_held_out_chains_are_unseen():
-    glossary, train, held_out = chain.split()
-    assert chain.GLOSSARY.read_text() == lines(glossary)
-    assert chain.TRAIN.read_text() == lines(train)
-    assert chain.HELD_OUT.read_text() == lines(held_out)
+    glossary, train, held_out = committed_split(chain)
     assert (len(train), len(held_out)) == (256, 128)
     assert len({entity_key(r["name"]) for r in glossary}) == len(glossary)
     for column in ("start", "via", "answer"):
@@ -58,9 +48,7 @@ def test_the_committed_chain_data_is_the_generators_and_the_held_out_chains_are_
 def test_the_chain_profile_loads_its_questions_against_its_glossary():
     profile = load_tito_profile(CHAIN)
     assert profile.question_type == "chain" and profile.warm_start.complete_share == 0.4
-    facts = load_facts("tasks", profile.tasks, profile.recipe_dir)
-    questions = load_chain_questions("questions", profile.questions, profile.recipe_dir, facts)
-    tasks = chain_tasks(glossary_config(facts), questions)
+    facts, tasks = profile_tasks(profile, load_chain_questions, chain_tasks)
     assert len(tasks) == 256
     task = tasks[0]
     assert isinstance(task.data, ChainTaskData)
@@ -105,8 +93,7 @@ BASE = {
     ],
 )
 def test_a_bad_chain_question_is_refused_naming_the_row_and_value(tmp_path, row, message):
-    path = tmp_path / "q.jsonl"
-    path.write_text(lines([{**BASE, **row}]))
+    path = write_jsonl(tmp_path / "q.jsonl", [{**BASE, **row}])
     with pytest.raises(DataError, match=message):
         load_chain_questions("questions", str(path), tmp_path, FACTS)
 

@@ -3,9 +3,6 @@ the two-lookup demonstrations."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("verifiers")
@@ -17,7 +14,6 @@ from cortex_recipes.envs.glossary import (
     compare_tasks,
     entity_key,
     glossary_config,
-    load_facts,
     load_questions,
     named,
     task_reward,
@@ -25,22 +21,16 @@ from cortex_recipes.envs.glossary import (
 from cortex_recipes.tito.tito_profile import load_tito_profile
 from cortex_recipes.tito.training import compare_demonstration
 from recipes.agentic.tito.data import towns
+from tests.helpers import ROOT, write_jsonl
+from tests.unit.glossary_data import committed_split, profile_tasks
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[2]
 COMPARE = ROOT / "recipes" / "agentic" / "tito" / "configs" / "local-cpu-smollm2-compare.json"
 
 
-def lines(rows):
-    return "".join(json.dumps(r) + "\n" for r in rows)
-
-
 def test_the_committed_towns_data_is_the_generators_and_the_held_out_towns_are_unseen():
-    glossary, train, held_out = towns.split()
-    assert towns.GLOSSARY.read_text() == lines(glossary)
-    assert towns.TRAIN.read_text() == lines(train)
-    assert towns.HELD_OUT.read_text() == lines(held_out)
+    glossary, train, held_out = committed_split(towns)
     assert len(held_out) >= 128 and len({r["name"] for r in glossary}) == len(glossary)
     seen = {r[c] for r in train for c in ("first", "second")}
     unseen = {r[c] for r in held_out for c in ("first", "second")}
@@ -55,9 +45,7 @@ def test_the_committed_towns_data_is_the_generators_and_the_held_out_towns_are_u
 
 def test_the_compare_profile_loads_its_questions_against_its_glossary():
     profile = load_tito_profile(COMPARE)
-    facts = load_facts("tasks", profile.tasks, profile.recipe_dir)
-    questions = load_questions("questions", profile.questions, profile.recipe_dir, facts)
-    tasks = compare_tasks(glossary_config(facts), questions)
+    _, tasks = profile_tasks(profile, load_questions, compare_tasks)
     assert len(tasks) == 256
     task = tasks[0]
     assert isinstance(task.data, CompareTaskData)
@@ -65,11 +53,6 @@ def test_the_compare_profile_loads_its_questions_against_its_glossary():
     assert "<answer></answer>" in task.data.prompt
     assert task.data.other in (task.data.first, task.data.second)
     assert task.data.other != task.data.answer
-
-
-def write_jsonl(path: Path, rows) -> Path:
-    path.write_text(lines(rows))
-    return path
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,13 @@ def problems_of(root) -> list[str]:
     return validate.validate_repository(root)
 
 
+def the_problem_after_editing(repo, path: str, old: str, new: str) -> str:
+    """The one problem reported once the first ``old`` in ``repo/path`` is ``new``."""
+    edit(repo / path, old, new)
+    [problem] = problems_of(repo)
+    return problem
+
+
 def _recipe(repo, folder=SFT) -> dict:
     return yaml.safe_load((repo / folder / "recipe.yaml").read_text())
 
@@ -138,20 +145,20 @@ def test_config_that_is_not_json_is_reported(repo):
 
 
 def test_config_outside_a_typed_bound_is_reported_before_the_sdk_sees_it(repo):
-    config = repo / SFT / "configs" / "local-cpu-tiny-qwen3.json"
-    edit(config, '"n_gpus": 1', '"n_gpus": 0')
-    [problem] = problems_of(repo)
+    problem = the_problem_after_editing(
+        repo, f"{SFT}/configs/local-cpu-tiny-qwen3.json", '"n_gpus": 1', '"n_gpus": 0'
+    )
     assert problem.startswith(f"{SFT}/configs/local-cpu-tiny-qwen3.json: ")
     assert "the profile loader rejects it" in problem and "n_gpus=0 must be >= 1" in problem
 
 
 def test_config_the_profile_loader_rejects_is_reported(repo):
-    edit(
-        repo / SFT / "configs" / "local-cpu-tiny-qwen3.json",
+    problem = the_problem_after_editing(
+        repo,
+        f"{SFT}/configs/local-cpu-tiny-qwen3.json",
         '"renderer": "qwen3"',
         '"renderer": "jinja"',
     )
-    [problem] = problems_of(repo)
     assert "the profile loader rejects it" in problem and "renderer='jinja'" in problem
 
 
@@ -383,12 +390,12 @@ def test_last_validated_with_a_record_of_another_date_is_reported(repo):
 
 
 def test_config_changed_after_qualification_is_reported(repo):
-    edit(
-        repo / SFT / "configs" / "local-cpu-smollm2-lora.json",
+    problem = the_problem_after_editing(
+        repo,
+        f"{SFT}/configs/local-cpu-smollm2-lora.json",
         '"learning_rate": 0.0005',
         '"learning_rate": 0.001',
     )
-    [problem] = problems_of(repo)
     assert "has config_hash='bb150d40f46a6b90', the config now hashes to" in problem
 
 
@@ -447,8 +454,9 @@ def test_stale_index_is_reported(repo):
 
 
 def test_broken_journeys_toml_is_reported(repo):
-    edit(repo / "journeys.toml", 'status = "landed"', 'status = "done"')
-    [problem] = problems_of(repo)
+    problem = the_problem_after_editing(
+        repo, "journeys.toml", 'status = "landed"', 'status = "done"'
+    )
     assert problem.startswith("journeys.toml: journey[0]: status='done'; accepted: landed, planned")
 
 

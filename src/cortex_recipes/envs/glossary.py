@@ -38,6 +38,7 @@ directly, turn by turn, through the ``TrainClient``.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -243,32 +244,54 @@ def load_facts(field: str, source: str, base_dir: Path) -> dict[str, str]:
     return facts
 
 
+Problem = Callable[[dict], str | None]  # what is wrong with a row, or None
+
+
+def _checked_questions(
+    rows: list[dict], origin: str, facts: dict[str, str], columns: tuple[str, ...], problem: Problem
+) -> list[dict[str, str]]:
+    """The ``columns`` of question ``rows`` read from ``origin`` (``field='source'``), each
+    stripped. The first two columns name entities: both must be glossary entities, different
+    from each other, and ``problem(row)`` must find nothing wrong with the row; anything else is
+    refused naming the row, the column and the value."""
+    from cortex_recipes.data import DataError
+
+    one, other = columns[:2]
+    for n, row in enumerate(rows, start=1):
+        where = f"{origin}: row {n}"
+        for column in (one, other):
+            if entity_key(row[column]) not in facts:
+                raise DataError(
+                    f"{where} column {column!r} = {row[column]!r} is not in the glossary "
+                    "(the profile's tasks); the lookup could not answer it"
+                )
+        if entity_key(row[one]) == entity_key(row[other]):
+            raise DataError(f"{where}: {one} and {other} are the same entity {row[one]!r}")
+        found = problem(row)
+        if found:
+            raise DataError(f"{where} {found}")
+    return [{k: str(row[k]).strip() for k in columns} for row in rows]
+
+
 def load_questions(
     field: str, source: str, base_dir: Path, facts: dict[str, str]
 ) -> list[dict[str, str]]:
     """Comparison questions (``first``, ``second``, ``ask``, ``answer`` columns, through
     ``datasets``). Both names must be glossary entities, different from each other, and the
     answer one of them; anything else is refused naming the row, the column and the value."""
-    from cortex_recipes.data import DataError, load_records
+    from cortex_recipes.data import load_records
 
-    columns = {c: fact_column for c in ("first", "second", "ask", "answer")}
-    rows = load_records(field, source, base_dir, columns)
-    for n, row in enumerate(rows, start=1):
-        where = f"{field}={source!r}: row {n}"
-        for column in ("first", "second"):
-            if entity_key(row[column]) not in facts:
-                raise DataError(
-                    f"{where} column {column!r} = {row[column]!r} is not in the glossary "
-                    "(the profile's tasks); the lookup could not answer it"
-                )
-        if entity_key(row["first"]) == entity_key(row["second"]):
-            raise DataError(f"{where}: first and second are the same entity {row['first']!r}")
-        if entity_key(row["answer"]) not in (entity_key(row["first"]), entity_key(row["second"])):
-            raise DataError(
-                f"{where} column 'answer' = {row['answer']!r} is neither first "
-                f"({row['first']!r}) nor second ({row['second']!r})"
-            )
-    return [{k: str(row[k]).strip() for k in columns} for row in rows]
+    def answer_not_one_of_them(row: dict) -> str | None:
+        if entity_key(row["answer"]) in (entity_key(row["first"]), entity_key(row["second"])):
+            return None
+        return (
+            f"column 'answer' = {row['answer']!r} is neither first ({row['first']!r}) nor "
+            f"second ({row['second']!r})"
+        )
+
+    columns = ("first", "second", "ask", "answer")
+    rows = load_records(field, source, base_dir, dict.fromkeys(columns, fact_column))
+    return _checked_questions(rows, f"{field}={source!r}", facts, columns, answer_not_one_of_them)
 
 
 def load_chain_questions(
@@ -278,32 +301,25 @@ def load_chain_questions(
     The chain must hold in the glossary: ``start`` and ``via`` are different entities, the
     start's fact names ``via`` (the first lookup leads to the second) and the via's fact holds
     the answer; anything else is refused naming the row, the column and the value."""
-    from cortex_recipes.data import DataError, load_records
+    from cortex_recipes.data import load_records
 
-    columns = {c: fact_column for c in ("start", "via", "ask", "answer")}
-    rows = load_records(field, source, base_dir, columns)
-    for n, row in enumerate(rows, start=1):
-        where = f"{field}={source!r}: row {n}"
-        for column in ("start", "via"):
-            if entity_key(row[column]) not in facts:
-                raise DataError(
-                    f"{where} column {column!r} = {row[column]!r} is not in the glossary "
-                    "(the profile's tasks); the lookup could not answer it"
-                )
+    def broken_link(row: dict) -> str | None:
         start, via = entity_key(row["start"]), entity_key(row["via"])
-        if start == via:
-            raise DataError(f"{where}: start and via are the same entity {row['start']!r}")
         if via not in entity_key(facts[start]):
-            raise DataError(
-                f"{where} column 'via' = {row['via']!r} is not named by the fact of "
-                f"{row['start']!r} ({facts[start]!r}); the first lookup would not lead there"
+            return (
+                f"column 'via' = {row['via']!r} is not named by the fact of {row['start']!r} "
+                f"({facts[start]!r}); the first lookup would not lead there"
             )
         if entity_key(row["answer"]) not in entity_key(facts[via]):
-            raise DataError(
-                f"{where} column 'answer' = {row['answer']!r} is not in the fact of "
-                f"{row['via']!r} ({facts[via]!r}); the second lookup would not find it"
+            return (
+                f"column 'answer' = {row['answer']!r} is not in the fact of {row['via']!r} "
+                f"({facts[via]!r}); the second lookup would not find it"
             )
-    return [{k: str(row[k]).strip() for k in columns} for row in rows]
+        return None
+
+    columns = ("start", "via", "ask", "answer")
+    rows = load_records(field, source, base_dir, dict.fromkeys(columns, fact_column))
+    return _checked_questions(rows, f"{field}={source!r}", facts, columns, broken_link)
 
 
 def answer_text(last_reply: str | None) -> str:

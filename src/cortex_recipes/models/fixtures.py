@@ -18,7 +18,7 @@ import importlib.util
 import json
 import shutil
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 TINY_QWEN3 = "tiny-qwen3"
@@ -33,6 +33,8 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 @dataclass(frozen=True)
 class TinyQwen3Shape:
+    """The random-init model's sizes (each field but ``seed`` is a ``Qwen3Config`` argument)."""
+
     hidden_size: int = 64
     num_hidden_layers: int = 2
     num_attention_heads: int = 4
@@ -65,15 +67,9 @@ def build_tiny_qwen3(out: Path, shape: TinyQwen3Shape = TinyQwen3Shape()) -> Non
     tok_config = json.loads((tok_dir / "tokenizer_config.json").read_text())
     token_ids = {v["content"]: int(k) for k, v in tok_config["added_tokens_decoder"].items()}
 
+    sizes = {k: v for k, v in asdict(shape).items() if k != "seed"}  # Qwen3Config's names
     config = Qwen3Config(
-        vocab_size=shape.vocab_size,
-        hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        num_key_value_heads=shape.num_key_value_heads,
-        head_dim=shape.head_dim,
-        max_position_embeddings=shape.max_position_embeddings,
+        **sizes,
         tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=token_ids["<|im_end|>"],
