@@ -31,14 +31,19 @@ def test_the_copy_is_built_in_the_writable_cache_when_the_fixture_is_baked(tmp_p
     """As in a journey's image: the fixture is read from a baked cache, the copy with the
     renderer's tokens lands in the user's writable cache (issue 34: it was written into the
     baked cache and failed with PermissionError as the image's user)."""
-    from cortex_recipes.models.cache import cache_root
-
-    baked = cache_root()
     source = resolve_model_path(SMOLLM2)  # built (or found) in the usual cache
+    # A baked cache holding the fixture alone (the usual cache may already hold a copy with
+    # the renderer's tokens from an earlier run, which would rightly be reused).
+    baked = tmp_path / "baked"
+    (baked / "models").mkdir(parents=True)
+    fixture_dir = source.parent  # models/<name>/<build key>
+    (baked / "models" / fixture_dir.name).symlink_to(fixture_dir, target_is_directory=True)
     monkeypatch.setenv("CORTEX_RECIPES_BAKED_CACHE", str(baked))
     monkeypatch.setenv("CORTEX_RECIPES_CACHE", str(tmp_path / "writable"))
     before = sorted(p.name for p in (baked / "models").iterdir())
-    assert resolve_model_path(SMOLLM2) == source  # the baked fixture, not a rebuild
+    baked_fixture = resolve_model_path(SMOLLM2)
+    assert baked_fixture.resolve() == source.resolve()  # the baked fixture, not a rebuild
+    assert not (tmp_path / "writable" / "models" / fixture_dir.name).exists()
     copy = with_renderer_tokens(SMOLLM2)
     assert copy.is_relative_to(tmp_path / "writable" / "models" / "with-renderer-tokens")
     assert sorted(p.name for p in (baked / "models").iterdir()) == before

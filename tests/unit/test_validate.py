@@ -396,7 +396,8 @@ def test_config_changed_after_qualification_is_reported(repo):
         '"learning_rate": 0.0005',
         '"learning_rate": 0.001',
     )
-    assert "has config_hash='bb150d40f46a6b90', the config now hashes to" in problem
+    recorded = json.loads((repo / SFT / "evidence" / "local-cpu-smollm2-lora.json").read_text())
+    assert f"has config_hash='{recorded['config_hash']}', the config now hashes to" in problem
 
 
 def test_record_without_the_required_fields_is_reported(repo):
