@@ -61,7 +61,6 @@ import chz
 from cortex_recipes import profiles
 from cortex_recipes.cortex_client import ExplainedClient
 from cortex_recipes.metrics import validate_record
-from cortex_recipes.profiles import count_field
 from cortex_recipes.provenance import git_revision
 from cortex_recipes.trackers import Trackers, open_trackers
 
@@ -108,8 +107,9 @@ def profile_field(default: str) -> Any:
 @chz.chz
 class RunConfig:
     """The run fields of every journey's ``Config``: which profile, which backend, which run
-    folder and what to do when it already holds a run, and how many steps to train. A journey's ``Config`` subclasses this,
-    sets ``profile: str = profile_field(DEFAULT_PROFILE)`` and adds its own fields."""
+    folder and what to do when it already holds a run, and how many steps to train. A
+    journey's ``Config`` subclasses this, sets ``profile: str = profile_field(DEFAULT_PROFILE)``
+    and adds its own fields."""
 
     profile: str = chz.field(doc="the profile file (JSON or TOML) under the recipe's configs/")
     connection: str = chz.field(
@@ -124,7 +124,7 @@ class RunConfig:
     if_exists: str = chz.field(
         default="resume", doc="resume | overwrite | fail, when the run folder holds a run"
     )
-    steps: int = count_field("> 0: train this many steps instead of the profile's steps")
+    steps: int = profiles.count_field("> 0: train this many steps instead of the profile's steps")
     overrides: tuple[str, ...] = chz.field(
         default=(), doc="profile overrides: the command line's other key=value"
     )

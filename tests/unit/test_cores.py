@@ -45,3 +45,54 @@ def test_repeated_busy_or_idle_calls_change_nothing_and_every_worker_gets_a_thre
     assert cores.share() == 1
     cores.idle(workers[0])
     assert workers[2].told == [1, 2] and cores.share() == 2
+
+
+def test_a_forward_or_backward_takes_a_new_thread_count_at_its_next_layer(tmp_path):
+    """The worker loop hooks its model's decoder layers: a count the server sends while a long
+    op runs is applied inside that op's forward or backward, not only at the next command."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from cortex_recipes.local.worker import _Loop, repeated_layers
+    from cortex_recipes.models.fixtures import build_tiny_qwen3
+
+    build_tiny_qwen3(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    layers = repeated_layers(model)
+    assert layers and layers == list(model.model.layers)
+
+    seen: list[int] = []
+
+    class Inbox:
+        threads = None
+
+    loop = _Loop.__new__(_Loop)  # only the hook and the inbox it reads
+    loop.inbox = Inbox()
+    loop.hook_threads(model)
+    layers[-1].register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
+    layers[0].register_forward_pre_hook(lambda *_: setattr(Inbox, "threads", wanted))
+
+    before = torch.get_num_threads()
+    wanted = 1 if before != 1 else 2
+    try:
+        loss = model(torch.tensor([[1, 2, 3]])).logits.sum()
+        assert seen == [wanted]  # set by layer 0's message, applied before the last layer
+        torch.set_num_threads(before)
+        Inbox.threads = wanted  # arrives after the forward: the backward's first layer takes it
+        loss.backward()
+        assert torch.get_num_threads() == wanted
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_layers_are_found_through_a_peft_wrapper(tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from cortex_recipes.local.worker import repeated_layers
+    from cortex_recipes.models.fixtures import build_tiny_qwen3
+
+    build_tiny_qwen3(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    wrapped = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+    assert repeated_layers(wrapped) == list(model.model.layers)

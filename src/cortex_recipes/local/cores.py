@@ -7,8 +7,9 @@ phase runs, and an asynchronous run, where both are busy, splits them.
 
 Invariants:
 - A new thread count reaches a worker as a ``threads`` message queued before the command that
-  made it busy, and the worker applies it at its next command or decode-step boundary (an op
-  already running keeps the count it started with).
+  made it busy, and the worker applies it at its next command or decode-step boundary, or at
+  the next decoder layer of a forward or backward already running (a CPU worker hooks its
+  model's layers).
 - ``cortex-recipes serve --threads N`` (or ``LocalBackend(threads=N)``) fixes every worker at
   N threads and turns this off.
 """

@@ -121,6 +121,13 @@ class _Inbox:
             self._cancelled -= seqs
 
 
+def repeated_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The blocks of the model's longest ``ModuleList`` (its decoder layers), found through any
+    wrapper (PEFT included); empty when it has none."""
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 1]
+    return list(max(lists, key=len)) if lists else []
+
+
 class _Loop:
     """The worker's main thread: commands in arrival order, generation between them.
 
@@ -149,6 +156,25 @@ class _Loop:
             else None
         )
         self.last_seq = -1
+        if worker.device.type == "cpu":
+            self.hook_threads(worker.model)
+
+    def hook_threads(self, model: torch.nn.Module) -> None:
+        """A long op (a forward_backward over a whole batch) takes a new thread count at the
+        next decoder layer of its forward or its backward, so a trainer that started while the
+        sampler was busy gets the cores back once the sampler goes idle, not at its next
+        command."""
+        for layer in repeated_layers(model):
+            layer.register_forward_pre_hook(self._threads_hook)
+            layer.register_forward_hook(self._threads_in_backward)
+
+    def _threads_hook(self, *_: Any) -> None:
+        self.apply_threads()
+
+    def _threads_in_backward(self, _module, _args, output) -> None:
+        hidden = output[0] if isinstance(output, (tuple, list)) else output
+        if torch.is_tensor(hidden) and hidden.requires_grad:
+            hidden.register_hook(self._threads_hook)  # runs as the layer's gradient arrives
 
     def reply(
         self, header: dict[str, Any], started: float | None, result=None, error=None, **extra
