@@ -8,7 +8,10 @@ this. Phases, each a child process whose output goes to a log under ``--out``:
 2. ``models``: tiny-qwen3, a tiny teacher, and (on CUDA) the Qwen3-0.6B-shaped model.
 3. ``gpu_tests``: ``pytest tests/gpu`` (on the CPU its GPU tests skip with their reason).
 4. ``bench``: ``bench/gpu_bench.py`` at the issue's sizes on CUDA, small ones on the CPU.
-5. ``smoke:<journey>``: each landed journey's ``smoke`` command from journeys.toml, with
+5. ``concurrency``: ``bench/sampler_concurrency.py``, 1, 8 and 64 concurrent one-row requests
+   of the 0.6B-shaped model on CUDA (tokens/s of each way; issue 33's target is >= 10x serial
+   at 64 rows), tiny-qwen3 at 1 and 4 rows on the CPU; its results go into ``summary.json``.
+6. ``smoke:<journey>``: each landed journey's ``smoke`` command from journeys.toml, with
    ``CORTEX_RECIPES_DEVICE`` set. The on-policy distillation smoke swaps its SmolLM2 teacher
    and student for tiny-qwen3 ones: SmolLM2's GGUF does not fit in what a GPU machine carries.
 
@@ -40,8 +43,28 @@ OPD_BASE_PROFILE = REPO / "recipes/distillation/on_policy/configs/local-cpu-smol
 # Each phase's own limit in seconds, under the overall budget: on the GPU machine (16 cores)
 # and on a 2-core CPU machine, where a journey smoke takes 40-90 s and imports take 20.
 PHASE_LIMITS = {
-    "cuda": {"environment": 60, "models": 120, "gpu_tests": 240, "bench": 240, "smoke": 150},
-    "cpu": {"environment": 180, "models": 180, "gpu_tests": 300, "bench": 600, "smoke": 400},
+    "cuda": {
+        "environment": 60,
+        "models": 120,
+        "gpu_tests": 240,
+        "bench": 240,
+        "concurrency": 150,
+        "smoke": 150,
+    },
+    "cpu": {
+        "environment": 180,
+        "models": 180,
+        "gpu_tests": 300,
+        "bench": 600,
+        "concurrency": 300,
+        "smoke": 400,
+    },
+}
+# bench/sampler_concurrency.py: issue 33's GPU sizes (1, 8 and 64 rows of the 0.6B-shaped model)
+# on CUDA, a small run of tiny-qwen3 on the CPU.
+CONCURRENCY_ARGS = {
+    "cuda": ["--rows", "1", "8", "64", "--tokens", "32", "--repeats", "2"],
+    "cpu": ["--rows", "1", "4", "--tokens", "8", "--repeats", "1"],
 }
 BENCH_ARGS = {
     "cuda": ["--warmup", "1", "--repeats", "3", "--sync-repeats", "2"],
@@ -251,6 +274,18 @@ class Check:
         cmd += BENCH_ARGS[self.args.device]
         self.phase("bench", cmd, self.out / "gpu_bench.log")
 
+    def concurrency(self, models: dict[str, str]) -> None:
+        """N one-row requests at once vs one after another vs one N-row request; its results
+        go into summary.json (``concurrency``), its log after the bench's."""
+        model = models.get("qwen3-0.6b-shape") if self.args.device == "cuda" else None
+        result = self.work / "concurrency.json"
+        cmd = [sys.executable, "bench/sampler_concurrency.py", "--device", self.args.device]
+        cmd += ["--model", model or "tiny-qwen3", "--out", str(result)]
+        cmd += CONCURRENCY_ARGS[self.args.device]
+        if self.phase("concurrency", cmd, self.out / "gpu_bench.log") == 0 and result.exists():
+            self.summary["concurrency"] = json.loads(result.read_text())
+            self.write_summary()
+
     def opd_profile(self, teacher: str) -> Path:
         raw = json.loads(OPD_BASE_PROFILE.read_text())
         raw.update(
@@ -311,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        default="environment,models,gpu_tests,bench,smokes",
+        default="environment,models,gpu_tests,bench,concurrency,smokes",
         help="comma-separated phases to run (environment and models always run)",
     )
     args = parser.parse_args(argv)
@@ -327,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         check.gpu_tests()
     if "bench" in only:
         check.bench(models)
+    if "concurrency" in only:
+        check.concurrency(models)
     if "smokes" in only:
         check.smokes(models)
     check.backend_logs()
