@@ -31,6 +31,23 @@ RULES: dict[str, str] = {
     "checkpoint-id-ignored": "save ignores a caller's checkpoint_id",
     "no-model-folders": "a model_name that is a folder on this machine is refused",
     "no-local-operations": "pause-generation and resume-generation are unknown operations",
+    "save-result-stage-path": "a save result carries no checkpoint_id or checkpoint_type; "
+    "the id is the cp_<id> segment of stage_path",
+    "forward-logprobs-placement": "post_process_outputs comes back empty; logprobs are under "
+    "batch.logprobs or at the top level, chosen per request",
+    "sampler-logprob-floats": "a sampler logprob entry is a float, not a {logprob: x} object",
+    "rows-per-rank": "a forward or forward-backward with fewer rows than the sub-job's n_gpus "
+    "ranks is refused",
+    "data-parallel-means": "a forward-backward's rows are sharded over n_gpus ranks; the loss "
+    "is the mean of the ranks' local losses",
+    "cce-needs-compute-logprobs": "causal_cross_entropy without post compute_logprobs is refused",
+    "prefix-cache-drain": "reset-prefix-cache with drain waits for rows in flight and fails "
+    "after timeout_s",
+    "idle-timeout": "a job with no request for idle_timeout_seconds (default 1800) ends "
+    "terminated",
+    "hosted-job-states": "a new job walks pending, placing, initializing, then running",
+    "pat-headers": "every request needs the PAT headers (Authorization: Bearer and "
+    "X-Snowflake-Authorization-Token-Type: PROGRAMMATIC_ACCESS_TOKEN)",
 }
 LOCAL_OPERATIONS = ("pause-generation", "resume-generation")
 
