@@ -204,3 +204,14 @@ def connect(
 def sub_job_ids(job: dict) -> dict[str, str]:
     """``{job_type: sub_job_id}`` of a job as returned by ``wait_for_job``."""
     return {s["job_type"]: s["sub_job_id"] for s in job["sub_jobs"]}
+
+
+def sub_job_ranks(job: dict) -> dict[str, int]:
+    """``{sub_job_id: n_gpus}`` of a job description: how many data-parallel ranks each sub-job
+    runs on (hosted Cortex shards a batch's rows over them; 1 when the description says none)."""
+    ranks = {}
+    for sub_job in job.get("sub_jobs", []):
+        config = sub_job.get("training_config") or sub_job.get("inference_config") or {}
+        n = config.get("n_gpus")
+        ranks[sub_job["sub_job_id"]] = n if isinstance(n, int) and n >= 1 else 1
+    return ranks

@@ -20,6 +20,10 @@ One row type, one shift, one pad-id rule, one builder per processor:
   values other than the mask are 0 wherever the mask is 0. :func:`sft_frame`
   (``causal_cross_entropy``), :func:`grpo_frame` (GRPO, TITO episodes, the prime-rl trainer
   adapter) and :func:`opd_frame` (``grpo`` with the teacher term) serialise a batch.
+- :func:`for_ranks` fits a frame to a training sub-job of ``n_gpus`` data-parallel ranks, as
+  hosted Cortex runs it: filler rows up to the rank count (it refuses fewer rows than ranks),
+  and the loss scaled globally (``dp_size``, ``batch_num_tokens``) so that the mean of the
+  ranks' losses is the loss of the whole batch. With one rank a frame is sent as built.
 """
 
 from __future__ import annotations
@@ -233,3 +237,69 @@ def teacher_frame(input_ids: torch.Tensor) -> bytes:
             "processing": {"post": ["compute_logprobs"]},
         }
     )
+
+
+# Row tensors of a frame that are token ids (filler rows repeat a real row, so every rank runs a
+# real sequence) and that say where a row attends; every other per-row tensor is zero on filler
+# rows (labels -100), so a filler row carries no loss and no gradient.
+_ID_FIELDS = ("input_ids", "attention_mask", "position_ids")
+# Aggregations whose loss is a token sum over a global token count: exact under any sharding.
+_GLOBAL_AGGREGATIONS = ("token-mean",)
+
+
+def _filled(name: str, value: torch.Tensor, rows: int, total: int) -> torch.Tensor:
+    extra = total - rows
+    if name in _ID_FIELDS:
+        filler = value[:1].expand(extra, *value.shape[1:])
+    elif name == "labels":
+        filler = torch.full((extra, *value.shape[1:]), -100, dtype=value.dtype)
+    else:
+        filler = torch.zeros((extra, *value.shape[1:]), dtype=value.dtype)
+    return torch.cat([value, filler])
+
+
+def for_ranks(frame: bytes, ranks: int) -> bytes:
+    """``frame`` fitted to a training sub-job of ``ranks`` data-parallel ranks (see the module
+    doc); ``frame`` itself when ``ranks`` is 1. Hosted Cortex shards a batch's rows over its
+    ranks, each rank's loss is a local mean and the ranks' gradients are averaged: with
+    ``dp_size`` = ``ranks`` and ``batch_num_tokens`` = the scored tokens (the loss_mask's sum)
+    each rank's loss is its token sum over the global count, and their mean is the whole
+    batch's token mean, whichever rows a rank holds (filler rows included)."""
+    if ranks <= 1:
+        return frame
+    body = wire.loads(frame)
+    kwargs, context = body.get("kwargs") or {}, body.get("context") or {}
+    rows = int(kwargs["input_ids"].shape[0])
+    processing = dict(body.get("processing") or {})
+    config = dict(processing.get("config") or {})
+    if processing.get("loss_fn") is not None:
+        aggregation = config.get("loss_agg_mode", "token-mean")
+        if processing["loss_fn"] == "grpo" and aggregation not in _GLOBAL_AGGREGATIONS:
+            raise FrameError(
+                f"loss_agg_mode={aggregation!r} averages per rank on a {ranks}-rank training "
+                f"sub-job, so the loss would depend on how rows shard; use "
+                f"{' or '.join(_GLOBAL_AGGREGATIONS)} (or n_gpus=1)"
+            )
+        mask = context.get("loss_mask")
+        if mask is None:
+            raise FrameError("a frame with a loss_fn needs context.loss_mask")
+        scored = mask.sum() if processing["loss_fn"] == "causal_cross_entropy" else (mask > 0).sum()
+        scored = float(scored)
+        config.setdefault("dp_size", ranks)
+        config.setdefault("batch_num_tokens", int(scored) if scored.is_integer() else scored)
+        processing["config"] = config
+        body["processing"] = processing
+    if rows < ranks:
+        for part in (kwargs, context):
+            for name, value in list(part.items()):
+                if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == rows:
+                    part[name] = _filled(name, value, rows, ranks)
+    return wire.dumps(body, metadata=wire.read_metadata(frame) or None)
+
+
+def filler_rows(input_ids: torch.Tensor, ranks: int) -> torch.Tensor:
+    """``input_ids`` with copies of its first row appended up to ``ranks`` rows (a no-grad
+    forward on a sub-job of ``ranks`` ranks); the caller keeps the first ``len(input_ids)``."""
+    if input_ids.shape[0] >= ranks:
+        return input_ids
+    return _filled("input_ids", input_ids, input_ids.shape[0], ranks)

@@ -80,15 +80,9 @@ def answer_logprobs(
     ``forward`` on ``sub_job_id`` (a training or ``log_probability`` sub-job)."""
     input_ids, mask = scoring_rows(tokenizer, renderer, items)
     try:
-        result = raw_forward.forward(
-            client, job_id, logprob_frame(input_ids), sub_job_id=sub_job_id
-        )
+        logprobs = raw_forward.score(client, job_id, input_ids, sub_job_id=sub_job_id)
     except raw_forward.RawForwardError as exc:
         raise LoglikError(str(exc)) from None
-    outputs = result.get("post_process_outputs") if isinstance(result, dict) else None
-    logprobs = outputs.get("logprobs") if isinstance(outputs, dict) else None
-    if logprobs is None:
-        raise LoglikError("the forward result has no post_process_outputs.logprobs")
     return mean_target_logprobs(logprobs, mask)
 
 

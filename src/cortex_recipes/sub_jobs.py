@@ -147,10 +147,12 @@ def trainer_sub_job(
     source_checkpoint_info: dict | None = None,
 ):
     """The training sub-job: AdamW at ``learning_rate``; ``batch_size`` is the global batch
-    (examples per optimiser step across all GPUs), sent once converted as the SDK documents
-    it: ``global_batch_size`` = ``batch_size``, ``train_batch_size`` (per device) =
-    ``batch_size / n_gpus``. ``training`` is passed through to ``training_config``
-    (``gradient_clipping`` by name)."""
+    (examples per optimiser step across all GPUs), sent as both ``global_batch_size`` and
+    ``train_batch_size``: the rows of one step, as the SDK's own recipes read
+    ``training_config.train_batch_size`` (the SDK's reference, section 3), while the service
+    shards them over the ``n_gpus`` ranks (``batch_size / n_gpus`` rows each, which is why
+    ``batch_size`` must be a multiple of ``n_gpus``). ``training`` is passed through to
+    ``training_config`` (``gradient_clipping`` by name)."""
     from cortex_training import SubJobConfig
 
     extra = dict(training or {})
@@ -159,7 +161,7 @@ def trainer_sub_job(
         model,
         optimizer={"name": "AdamW", "lr": learning_rate, "weight_decay": weight_decay},
         max_seq_len=max_seq_len,
-        train_batch_size=batch_size // n_gpus,
+        train_batch_size=batch_size,
         global_batch_size=batch_size,
         n_gpus=n_gpus,
         gradient_clipping=clip,

@@ -1,5 +1,7 @@
 """A job's training sub-job as a journey drives it: the train step, the weight sync, the
-weights-only and resumable saves (recorded in the run), and loading a resume state."""
+weights-only and resumable saves (recorded in the run, with the checkpoint id read from
+whichever shape the endpoint answered, :mod:`cortex_recipes.save_results`), and loading a resume
+state."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import logging
 import time
 from typing import Any
 
+from cortex_recipes import frames, save_results
 from cortex_recipes.run import Run
 
 log = logging.getLogger(__name__)
@@ -16,10 +19,13 @@ class Trainer:
     """A job's training sub-job: the train step, the weight sync and the saves, in one place."""
 
     def __init__(self, client: Any, job_id: str, run: Run, *, weight_format: str = "hf"):
-        from cortex_recipes.endpoint import sub_job_ids
+        from cortex_recipes.endpoint import sub_job_ids, sub_job_ranks
 
         self.client, self.job_id, self.run = client, job_id, run
-        self.sub_jobs = sub_job_ids(client.wait_for_job(job_id))
+        job = client.wait_for_job(job_id)
+        self.sub_jobs = sub_job_ids(job)
+        # data-parallel ranks of the training sub-job: frames are fitted to them (frames.for_ranks)
+        self.ranks = sub_job_ranks(job).get(self.sub_jobs.get("training"), 1)
         self.weight_format = weight_format
 
     @classmethod
@@ -31,7 +37,9 @@ class Trainer:
         return self.client.poll_request(self.job_id, request_id)
 
     def train_step(self, frame: bytes, *, learning_rate: float | None = None) -> tuple[dict, dict]:
-        """forward_backward on ``frame`` then an optimiser step: ``(result, step result)``."""
+        """forward_backward on ``frame`` (fitted to the trainer's ranks) then an optimiser step:
+        ``(result, step result)``."""
+        frame = frames.for_ranks(frame, self.ranks)
         result = self.poll(self.client.forward_backward(self.job_id, frame))
         stepped = self.poll(self.client.step(self.job_id, learning_rate=learning_rate))
         return result, stepped
@@ -47,7 +55,9 @@ class Trainer:
 
     def save_weights(self, step: int) -> dict:
         """A weights-only save, recorded in checkpoints.jsonl; returns the save result."""
-        saved = self.poll(self.client.save(self.job_id, checkpoint_type="weights-only"))
+        saved = save_results.normalised(
+            self.poll(self.client.save(self.job_id, checkpoint_type="weights-only")), "weights-only"
+        )
         self.run.checkpoint(
             step=step, job_id=self.job_id,
             **{k: saved[k] for k in ("checkpoint_id", "stage_path", "checkpoint_type")},
@@ -58,7 +68,9 @@ class Trainer:
         """A resumable trainer save, then ``state`` next to it (the order resume relies on);
         its ``checkpoints.jsonl`` line carries the seconds it took (``time/save_ckpt``)."""
         t0 = time.monotonic()
-        saved = self.poll(self.client.save(self.job_id, checkpoint_type="resumable"))
+        saved = save_results.normalised(
+            self.poll(self.client.save(self.job_id, checkpoint_type="resumable")), "resumable"
+        )
         trainer = {"job_id": self.job_id, **{k: saved[k] for k in ("checkpoint_id", "stage_path")}}
         self.run.checkpoints.save(
             step, {**state, "config_hash": self.run.config_hash, "trainer": trainer}

@@ -67,7 +67,7 @@ def test_a_profile_that_sets_a_deepspeed_batch_field_is_rejected_with_the_reason
         sft.load_profile(_profile_with(tmp_path, training={"ds_config": {field: 4}}))
 
 
-def test_batch_size_is_global_and_sent_per_device_as_the_sdk_documents():
+def test_batch_size_is_global_and_sent_as_the_rows_of_a_step():
     path = next(p for p in CONFIGS if p.stem == "cortex-qwen3-8b-lora")
     profile = sft.load_profile(path)
     assert (profile.batch_size, profile.n_gpus) == (16, 8)
@@ -75,7 +75,8 @@ def test_batch_size_is_global_and_sent_per_device_as_the_sdk_documents():
     sub_job.validate()
     wire_job = sub_job.to_wire()
     assert wire_job["global_batch_size"] == 16
-    assert wire_job["training_config"]["train_batch_size"] == 2  # per device
+    # rows per optimiser step, as the SDK's recipes read it; the service shards them per rank
+    assert wire_job["training_config"]["train_batch_size"] == 16
     with pytest.raises(ProfileError, match="batch_size=15 is the global batch"):
         sft.load_profile(path, ["batch_size=15"])
 

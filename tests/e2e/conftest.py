@@ -31,14 +31,14 @@ def client(backend):
     )
 
 
-def training(model=TINY, *, lr=1e-3, lora=None, clip=None, seed=0, source=None):
+def training(model=TINY, *, lr=1e-3, lora=None, clip=None, seed=0, source=None, n_gpus=1):
     extra = {"peft_config": lora} if lora else None
     return SubJobConfig.training_job(
         model,
         optimizer={"name": "AdamW", "lr": lr, "weight_decay": 0.0},
         max_seq_len=256,
         train_batch_size=2,
-        n_gpus=1,
+        n_gpus=n_gpus,
         gradient_clipping=clip,
         extra_training=extra,
         seed=seed,

@@ -65,10 +65,7 @@ class Config(RunConfig):
 
 def teacher_fingerprint(client, job_id: str, teacher_id: str, probe: list[int]) -> str:
     """Hash of the teacher's logprobs on a fixed probe: equal at start and end => teacher frozen."""
-    result = raw_forward.forward(
-        client, job_id, frames.teacher_frame(torch.tensor([probe])), sub_job_id=teacher_id
-    )
-    logprobs = result["post_process_outputs"]["logprobs"]
+    logprobs = raw_forward.score(client, job_id, torch.tensor([probe]), sub_job_id=teacher_id)
     return hashlib.sha256(logprobs.float().numpy().tobytes()).hexdigest()[:16]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -55,16 +56,13 @@ def check_same_tokenizer(student, teacher) -> None:
         )
 
 
-def extract_scores(result: dict, rollouts: Sequence[Rollout], width: int) -> TeacherScores:
-    """Cut each row's completion scores out of a teacher ``forward`` result."""
-    outputs = result.get("post_process_outputs") if isinstance(result, dict) else None
-    logprobs = outputs.get("logprobs") if isinstance(outputs, dict) else None
-    if logprobs is None:
-        raise TeacherScoreError(
-            "the teacher forward result has no post_process_outputs.logprobs. The hosted Cortex "
-            "service does not accept the SDK's byte-based forward() today (see "
-            "recipes/distillation/on_policy/README.md); use a backend that does, such as the local one"
-        )
+def extract_scores(result: Any, rollouts: Sequence[Rollout], width: int) -> TeacherScores:
+    """Cut each row's completion scores out of a teacher ``forward`` result (or its logprobs
+    tensor), wherever the endpoint put them (:func:`cortex_recipes.raw_forward.logprobs_of`)."""
+    try:
+        logprobs = result if torch.is_tensor(result) else raw_forward.logprobs_of(result)
+    except raw_forward.RawForwardError as exc:
+        raise TeacherScoreError(f"teacher forward: {exc}") from None
     if not torch.is_tensor(logprobs) or tuple(logprobs.shape) != (len(rollouts), width):
         shape = list(logprobs.shape) if torch.is_tensor(logprobs) else type(logprobs).__name__
         raise TeacherScoreError(
@@ -117,13 +115,10 @@ def score(
     """Teacher-score rollouts: their batch (mask, sampler logprobs) with aligned teacher scores."""
     batch = frames.pad_batch([frames.rollout_row(r) for r in rollouts], pad_id)
     try:
-        request_id = raw_forward.submit(
-            client, job_id, frames.teacher_frame(batch.input_ids), sub_job_id=teacher_sub_job_id
-        )
+        logprobs = raw_forward.score(client, job_id, batch.input_ids, sub_job_id=teacher_sub_job_id)
     except raw_forward.RawForwardError as exc:
         raise TeacherScoreError(f"teacher forward: {exc}") from None
-    result = client.poll_request(job_id, request_id)
-    scores = extract_scores(result, rollouts, batch.input_ids.shape[1])
+    scores = extract_scores(logprobs, rollouts, batch.input_ids.shape[1])
     return batch.with_teacher(align_to_mask(scores, batch.loss_mask))
 
 

@@ -5,6 +5,8 @@ Invariants:
   the routed sub-job before a worker sees it; the worker receives the normalised header.
 - Chunked frames go through the job's :class:`~cortex_recipes.local.chunks.ChunkAssembler`, so
   a chunk group's gradient is applied at most once.
+- In hosted-conformance mode (:mod:`~cortex_recipes.local.hosted`) each rule that shapes a
+  request or its result is applied here, at the one place that handles the call.
 - ``save`` uses the caller's ``checkpoint_id`` when one is given (pattern-checked, 409 if it is
   taken), else a new one (in hosted-conformance mode always a new one); a failed save leaves
   nothing listed.
@@ -13,11 +15,12 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import uuid
 from typing import Any
 
-from cortex_recipes.local import bodies, frame_checks, generate_params
+from cortex_recipes.local import bodies, frame_checks, generate_params, hosted
 from cortex_recipes.local.dispatch import Dispatcher, route, training_sub_job, worker_result
 from cortex_recipes.local.errors import BackendError
 from cortex_recipes.local.jobs import Job, JobRegistry
@@ -31,6 +34,13 @@ class DataPlane:
         self.registry = registry
         self.dispatcher = dispatcher
         self.hosted = hosted
+        self._forwards = itertools.count()  # numbers forwards: rule forward-logprobs-placement
+
+    def _result_shape(self, spec) -> dict[str, Any]:
+        """Header keys that make a worker shape its result as hosted does (none by default)."""
+        if not self.hosted:
+            return {}
+        return {"logprobs_at": hosted.logprobs_place(next(self._forwards)), "ranks": spec.n_gpus}
 
     # -- model frames --------------------------------------------------------------------------
 
@@ -62,11 +72,18 @@ class DataPlane:
         processing = frame_checks.validate_model_frame(
             frame, max_seq_len=spec.max_seq_len, vocab=job.vocab_size(sub_job_id), training=True
         )
+        if self.hosted:
+            hosted.check_rows_per_rank(len(frame["kwargs"]["input_ids"]), spec, "forward-backward")
+            hosted.check_cce_post(processing)
         request = self.dispatcher.on_worker(
             job,
             sub_job_id,
             "forward_backward",
-            {"op": "forward_backward", "processing": processing.to_json()},
+            {
+                "op": "forward_backward",
+                "processing": processing.to_json(),
+                **self._result_shape(spec),
+            },
             frame_bytes,
         )
         return {"request_id": request.request_id, "job_id": job.job_id}
@@ -88,8 +105,14 @@ class DataPlane:
             vocab=job.vocab_size(spec.sub_job_id),
             training=False,
         )
+        if self.hosted:
+            hosted.check_rows_per_rank(len(frame["kwargs"]["input_ids"]), spec, "forward")
         request = self.dispatcher.on_worker(
-            job, spec.sub_job_id, "forward", {"op": "forward"}, frame_bytes
+            job,
+            spec.sub_job_id,
+            "forward",
+            {"op": "forward", **self._result_shape(spec)},
+            frame_bytes,
         )
         return {"request_id": request.request_id, "job_id": job.job_id}
 
@@ -136,7 +159,7 @@ class DataPlane:
             except BaseException:
                 store.discard(job_id, checkpoint_id)
                 raise
-            return {
+            result = {
                 "job_id": job_id,
                 "checkpoint_id": checkpoint_id,
                 "checkpoint_type": checkpoint_type,
@@ -144,6 +167,7 @@ class DataPlane:
                 "stage_path": f"{final.as_posix()}/",
                 "checkpoint_path": f"{final.as_posix()}/",
             }
+            return hosted.save_result(result) if self.hosted else result
 
         request = self.dispatcher.in_server(job, sub_job_id, "save", run)
         return {"request_id": request.request_id, "job_id": job_id}
@@ -206,7 +230,11 @@ class DataPlane:
                 job,
                 spec.sub_job_id,
                 "generate",
-                {"op": "generate", "rows": [row.to_json() for row in rows]},
+                {
+                    "op": "generate",
+                    "rows": [row.to_json() for row in rows],
+                    "float_logprobs": self.hosted,  # rule sampler-logprob-floats
+                },
             )
         request.on_done(lambda: self._release_rows(job, spec.sub_job_id, n))
         return {"request_id": request.request_id, "job_id": job_id}

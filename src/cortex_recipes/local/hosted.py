@@ -23,6 +23,7 @@ availability) is not checked by this mode; docs/local-backend.md lists both.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from cortex_recipes.local.errors import BackendError
 
@@ -43,8 +44,7 @@ RULES: dict[str, str] = {
     "cce-needs-compute-logprobs": "causal_cross_entropy without post compute_logprobs is refused",
     "prefix-cache-drain": "reset-prefix-cache with drain waits for rows in flight and fails "
     "after timeout_s",
-    "idle-timeout": "a job with no request for idle_timeout_seconds (default 1800) ends "
-    "terminated",
+    "idle-timeout": "a job with no request for idle_timeout_seconds (default 1800) ends terminated",
     "hosted-job-states": "a new job walks pending, placing, initializing, then running",
     "pat-headers": "every request needs the PAT headers (Authorization: Bearer and "
     "X-Snowflake-Authorization-Token-Type: PROGRAMMATIC_ACCESS_TOKEN)",
@@ -55,6 +55,46 @@ LOCAL_OPERATIONS = ("pause-generation", "resume-generation")
 def refuse(rule: str, message: str, status: int = 400) -> BackendError:
     assert rule in RULES, rule
     return BackendError(f"{message} (hosted-conformance rule {rule})", status=status)
+
+
+# Where a forward's logprobs go in this mode (``forward-logprobs-placement``): hosted's assembler
+# leaves ``post_process_outputs`` empty and peers look under ``batch``, then at the top level, so
+# requests alternate between the two and a caller must handle both.
+LOGPROB_PLACES = ("batch", "top")
+
+
+def logprobs_place(n: int) -> str:
+    """Where the ``n``-th forward of a job puts its logprobs in this mode."""
+    return LOGPROB_PLACES[n % len(LOGPROB_PLACES)]
+
+
+def check_rows_per_rank(rows: int, spec: Any, operation: str) -> None:
+    """Rule ``rows-per-rank``: hosted Cortex shards a batch's rows over the sub-job's ranks."""
+    if rows < spec.n_gpus:
+        raise refuse(
+            "rows-per-rank",
+            f"{operation} has {rows} row(s) but sub-job {spec.sub_job_id} has n_gpus="
+            f"{spec.n_gpus} ranks, and each rank needs at least one row; pad the batch with "
+            "filler rows whose loss_mask is 0 (cortex_recipes.frames pads to the rank count)",
+        )
+
+
+def check_cce_post(processing: Any) -> None:
+    """Rule ``cce-needs-compute-logprobs``: hosted's causal_cross_entropy reads the
+    ``compute_logprobs`` post-processor's output and fails without it."""
+    if processing.loss_fn == "causal_cross_entropy" and "compute_logprobs" not in processing.post:
+        raise refuse(
+            "cce-needs-compute-logprobs",
+            "processing.loss_fn='causal_cross_entropy' needs processing.post=['compute_logprobs'] "
+            f"(got post={list(processing.post)})",
+        )
+
+
+def save_result(result: dict[str, Any]) -> dict[str, Any]:
+    """Rule ``save-result-stage-path``: a save result as hosted documents it, without
+    ``checkpoint_id`` and ``checkpoint_type`` (the id is the ``cp_<id>`` segment of
+    ``stage_path``)."""
+    return {k: v for k, v in result.items() if k not in ("checkpoint_id", "checkpoint_type")}
 
 
 def is_model_folder(name: str) -> bool:

@@ -73,6 +73,18 @@ def to_host(value: Any) -> Any:
     return value
 
 
+def place_logprobs(result: dict[str, Any], logprobs: torch.Tensor, where: str | None) -> dict:
+    """``result`` with ``logprobs`` at ``post_process_outputs.logprobs`` (``where`` None: this
+    backend's default), or, as hosted Cortex's assembler answers (hosted-conformance rule
+    ``forward-logprobs-placement``), with ``post_process_outputs`` empty and the logprobs under
+    ``batch.logprobs`` (``where`` "batch") or at the top level ("top")."""
+    if where is None:
+        return {**result, "post_process_outputs": {"logprobs": logprobs}}
+    if where == "batch":
+        return {**result, "post_process_outputs": {}, "batch": {"logprobs": logprobs}}
+    return {**result, "post_process_outputs": {}, "logprobs": logprobs}
+
+
 def memory_needed(model, training: bool) -> int:
     """Bytes a sub-job needs on its device: weights, plus gradients and AdamW state for
     training, plus headroom for activations."""
@@ -241,7 +253,7 @@ class ModelWorker:
             logits, targets, with_entropy=False, temperature=frame_temperature(frame)
         )
         # forward exists to score tokens, so logprobs come back with or without post processors.
-        return {"job_id": self.job_id, "post_process_outputs": {"logprobs": logprobs.float()}}
+        return place_logprobs({"job_id": self.job_id}, logprobs.float(), header.get("logprobs_at"))
 
 
 class TrainingWorker(ModelWorker):
@@ -293,22 +305,18 @@ class TrainingWorker(ModelWorker):
         else:
             targets = processors.shifted_labels(kwargs["input_ids"], context.get("labels"))
             logprobs, entropy = self._token_logprobs(kwargs, context, targets, processing, frame)
-            if processing.loss_fn == "causal_cross_entropy":
-                loss, metrics = processors.causal_cross_entropy(
-                    logprobs, context, processing.config
-                )
-            else:
-                loss, metrics = processors.grpo(logprobs, entropy, context, processing.config)
+            loss, metrics = processors.rank_mean_loss(
+                processing.loss_fn, logprobs, entropy, context, processing.config,
+                ranks=int(header.get("ranks") or 1),
+            )  # fmt: skip
             post = {"logprobs": logprobs.detach().float()} if processing.post else {}
         if not torch.isfinite(loss):
             raise BackendError(f"loss is not finite ({float(loss)}); no gradient was applied")
         loss.backward()
-        return {
-            "job_id": self.job_id,
-            "avg_loss": float(loss.detach()),
-            "metrics": metrics,
-            "post_process_outputs": post,
-        }
+        result = {"job_id": self.job_id, "avg_loss": float(loss.detach()), "metrics": metrics}
+        if post and header.get("logprobs_at"):
+            return place_logprobs(result, post["logprobs"], header["logprobs_at"])
+        return {**result, "post_process_outputs": post}
 
     def _token_logprobs(self, kwargs, context, targets, processing, frame):
         """Per-token logprobs (and entropy for grpo) of a forward_backward batch."""
@@ -465,7 +473,15 @@ class SamplingWorker(ModelWorker):
         return Pending(key=header.get("seq"), rows=rows, header=header)
 
     def generate_result(self, request: Pending) -> dict[str, Any]:
-        return {"job_id": self.job_id, "results": [row.result() for row in request.rows]}
+        results = [row.result() for row in request.rows]
+        if request.header.get("float_logprobs"):  # hosted-conformance rule sampler-logprob-floats
+            for result in results:
+                if "logprobs" in result:
+                    result["logprobs"] = [
+                        {token: entry["logprob"] for token, entry in position.items()}
+                        for position in result["logprobs"]
+                    ]
+        return {"job_id": self.job_id, "results": results}
 
 
 WORKERS: dict[str, type[ModelWorker]] = {

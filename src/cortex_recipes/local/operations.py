@@ -8,6 +8,7 @@ after a failure); every other operation needs a running job.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -71,12 +72,55 @@ def _reset_prefix_cache(backend: Parts, job_id: str, body: dict) -> dict[str, An
         ("sampling",),
         ("sampling",),
     )
+    payload = body.get("payload")
+    payload = bodies.json_object({} if payload is None else payload, "reset-prefix-cache payload")
+    bodies.only_keys(
+        payload, ("drain", "timeout_s", "retry_interval_s"), "reset-prefix-cache payload"
+    )
+    drain = bodies.boolean(payload.get("drain", True), "reset-prefix-cache payload.drain")
+    timeout_s = bodies.number(
+        payload.get("timeout_s", 60.0), "reset-prefix-cache payload.timeout_s",
+        minimum=0.0, maximum=MAX_DRAIN_S,
+    )  # fmt: skip
+    interval = bodies.number(
+        payload.get("retry_interval_s", 0.1), "reset-prefix-cache payload.retry_interval_s",
+        minimum=0.001, maximum=10.0,
+    )  # fmt: skip
+    waited = 0.0
+    if backend.hosted and drain:  # rule prefix-cache-drain
+        waited = _drain(job, spec.sub_job_id, timeout_s, interval)
     return {
         "job_id": job_id,
         "sub_job_id": spec.sub_job_id,
         "reset": True,
+        "drained_s": round(waited, 3),
         "note": "the local backend keeps no prefix cache",
     }
+
+
+# The longest a draining reset may wait; the SDK's default is 60 s.
+MAX_DRAIN_S = 3600.0
+
+
+def _drain(job, sub_job_id: str, timeout_s: float, interval: float) -> float:
+    """Wait until ``sub_job_id`` holds no generate rows (running or queued), as hosted's
+    draining reset does; the seconds waited, or a 408 naming the rows left after ``timeout_s``."""
+    t0 = time.monotonic()
+    while True:
+        with job.lock:
+            rows = job.sampler_rows.get(sub_job_id, 0)
+        waited = time.monotonic() - t0
+        if rows <= 0:
+            return waited
+        if waited >= timeout_s:
+            raise hosted.refuse(
+                "prefix-cache-drain",
+                f"reset-prefix-cache with drain=true timed out after timeout_s={timeout_s}: "
+                f"{rows} generate row(s) still in flight on {sub_job_id}; send drain=false to "
+                "reset without waiting for them",
+                status=408,
+            )
+        time.sleep(min(interval, max(timeout_s - waited, 0.001)))
 
 
 # A pause that nobody lifts ends by itself (a client that died between its pause and resume

@@ -170,3 +170,53 @@ def grpo(
         if entropy is not None:
             metrics["entropy"] = float((entropy * mask).sum()) / denom
     return loss, metrics
+
+
+def _loss(
+    loss_fn: str, logprobs: torch.Tensor, entropy: torch.Tensor | None, context: dict, config: dict
+) -> tuple[torch.Tensor, dict[str, float]]:
+    if loss_fn == "causal_cross_entropy":
+        return causal_cross_entropy(logprobs, context, config)
+    return grpo(logprobs, entropy, context, config)
+
+
+def rank_mean_loss(
+    loss_fn: str,
+    logprobs: torch.Tensor,
+    entropy: torch.Tensor | None,
+    context: dict[str, torch.Tensor],
+    config: dict,
+    *,
+    ranks: int = 1,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss of one forward-backward as ``ranks`` data-parallel ranks compute it.
+
+    With one rank, ``loss_fn`` over the whole batch. With more (hosted-conformance rule
+    ``data-parallel-means``), the rows are split into ``ranks`` contiguous shards as evenly as
+    they go, each shard's loss is its own local value (a token mean over its rows, unless the
+    config's ``dp_size`` and ``batch_num_tokens`` scale it globally), and the loss is the mean of
+    the shards' losses, the gradient DeepSpeed's all-reduce averages. Metrics are the whole
+    batch's.
+    """
+    loss, metrics = _loss(loss_fn, logprobs, entropy, context, config)
+    if ranks <= 1:
+        return loss, metrics
+    rows = logprobs.shape[0]
+    shards = torch.tensor_split(torch.arange(rows), ranks)
+
+    def part(value, index):
+        if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == rows:
+            return value[index]
+        return value
+
+    losses = [
+        _loss(
+            loss_fn,
+            logprobs[index],
+            None if entropy is None else entropy[index],
+            {key: part(value, index) for key, value in context.items()},
+            config,
+        )[0]
+        for index in shards
+    ]
+    return torch.stack(losses).mean(), metrics

@@ -279,7 +279,10 @@ class InferenceAdapter:
                     self.job_id, self.training, [self.sampling], weight_format=fmt
                 ),
             )
-            self.client.reset_prefix_cache(self.job_id, sub_job_id=self.sampling)
+            # drain=False: rows in flight finish on the weights they started with (prime-rl's
+            # keep mode); hosted's default drain would wait for every one of them (up to
+            # timeout_s) and fail the update when they take longer.
+            self.client.reset_prefix_cache(self.job_id, sub_job_id=self.sampling, drain=False)
             self.last_update_s = time.monotonic() - t0
             self.version = version
             self.counters["weight_updates"] += 1

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cortex_recipes import frames
+from cortex_recipes import frames, save_results
 from cortex_recipes.primerl import broadcasts
 from cortex_recipes.primerl.rollout_files import Sample, read_rows, rollout_path
 
@@ -102,6 +102,19 @@ class TrainerAdapter:
         #: set by whoever runs prime-rl once its orchestrator has exited: a wait for a rollout
         #: file or a weight sync that can no longer come raises broadcasts.Stopped
         self.stop = threading.Event()
+        self.ranks: int | None = None  # the training sub-job's n_gpus, read by _ranks()
+
+    def _ranks(self) -> int:
+        """The training sub-job's data-parallel ranks (asked of the job once)."""
+        if self.ranks is None:
+            from cortex_recipes.endpoint import sub_job_ranks
+
+            job = self.client.get_job(self.config.job_id)
+            training = [
+                s["sub_job_id"] for s in job.get("sub_jobs", []) if s.get("job_type") == "training"
+            ]
+            self.ranks = sub_job_ranks(job).get(training[0], 1) if training else 1
+        return self.ranks
 
     # -- start and resume ---------------------------------------------------------------
 
@@ -126,9 +139,12 @@ class TrainerAdapter:
         return self.version
 
     def _publish(self, version: int, t0: float) -> dict[str, Any]:
-        saved = self.client.poll_request(
-            self.config.job_id,
-            self.client.save(self.config.job_id, checkpoint_type="resumable"),
+        saved = save_results.normalised(
+            self.client.poll_request(
+                self.config.job_id,
+                self.client.save(self.config.job_id, checkpoint_type="resumable"),
+            ),
+            "resumable",
         )
         broadcasts.publish(
             self.output_dir,
@@ -183,6 +199,7 @@ class TrainerAdapter:
         rows = read_rows(path)
         frame, stats = grpo_rows_frame(rows, config.pad_id, config.loss_config)
         t_train = time.monotonic()
+        frame = frames.for_ranks(frame, self._ranks())
         result = self.client.poll_request(job_id, self.client.forward_backward(job_id, frame))
         self.train_intervals.append((t_train, time.monotonic()))
         synced = self._wait_for_sampler(step)

@@ -26,6 +26,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from cortex_recipes.rollouts import chosen_logprob
+
 log = logging.getLogger(__name__)
 
 SESSION_HEADER = "x-session-id"
@@ -79,8 +81,10 @@ def to_vllm_choice(result: dict) -> dict:
         )
     content = []
     for token, entry in zip(token_ids, entries, strict=True):
-        chosen = entry.get(str(token)) or next(iter(entry.values()))
-        logprob = float(chosen["logprob"])
+        try:
+            logprob = chosen_logprob(entry, token)
+        except ValueError as exc:
+            raise GatewayError(f"the sampler's logprobs: {exc}") from exc
         if not math.isfinite(logprob):
             raise GatewayError(f"the sampler returned a non-finite logprob for token {token}")
         content.append({"token": f"token_id:{token}", "logprob": logprob})
