@@ -3,9 +3,12 @@ mode (``connection=local-hosted``), with a small model and sizes substituted by 
 
 The hosted profiles (``configs/cortex-*.json``) name Qwen3 models and 8 GPUs per sub-job and are
 not run here as written (no Cortex account, no GPUs); what runs here is the journey's hosted
-code path: the same calls, in the form hosted Cortex documents it accepts (raw DSSST1 forward,
-no caller checkpoint ids, no model folders, no local-only operations). The async GRPO journey
-needs prime-rl's environment and is checked where it is installed.
+code path: the same calls, answered as hosted Cortex documents it answers them (every rule of
+cortex_recipes.local.hosted: save results without ids, logprobs outside post_process_outputs,
+float sampler logprobs, PAT headers, hosted job states, ...), on two data-parallel ranks
+(``n_gpus=2``, simulated on one device) so that rows are sharded, per-rank losses averaged and
+a one-row forward refused unless the journey pads it. The async GRPO journey needs prime-rl's
+environment and is checked where it is installed.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from tests.e2e.hosted import hosted_mode_ran, metrics, run_hosted
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-SMALL = ("n_gpus=1", "dtype=float32")
+# Two ranks: the smallest count that shards rows; every batch below is a multiple of it.
+SMALL = ("n_gpus=2", "dtype=float32")
 
 
 @extras.requires("sft")
