@@ -4,41 +4,96 @@ the default mode still accepts it, and OPD's teacher scoring runs end to end in 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 import requests
 import torch
-from cortex_training import wire
+from cortex_training import CortexTrainingClient, wire
 
-from cortex_recipes import raw_forward
+from cortex_recipes import raw_forward, save_results
+from cortex_recipes.cortex_client import CortexCallError, ExplainedClient, JobEnded
 from cortex_recipes.local import LocalBackend
 from cortex_recipes.local.hosted import RULES
+from cortex_recipes.local.idle import IDLE_CLOCK_SCALE_ENV
 from tests import extras
-from tests.e2e.conftest import TINY, inference, start, training
+from tests.e2e.conftest import TINY, inference, training
 from tests.e2e.hosted import hosted_mode_ran, metrics, run_hosted
 
 pytestmark = pytest.mark.e2e
 
 BASE = "api/v2/databases/LOCAL/schemas/PUBLIC/cortex-training"
+# The module's backend counts idle time 150 times fast: hosted's shortest idle timeout (300 s)
+# passes in 2 s. The shared job is exempt (idle_timeout_seconds=0).
+IDLE_CLOCK_SCALE = 150
+START_ORDER = ("pending", "placing", "initializing", "running")
 
 
 @pytest.fixture(scope="module")
 def hosted(tmp_path_factory):
-    with LocalBackend(tmp_path_factory.mktemp("hosted"), threads=1, hosted=True) as running:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(IDLE_CLOCK_SCALE_ENV, str(IDLE_CLOCK_SCALE))  # read by the server at start
+        running = LocalBackend(tmp_path_factory.mktemp("hosted"), threads=1, hosted=True).start()
+    try:
         client = running.client(max_retries=0, poll_interval=0.02, poll_timeout=300)
         yield running, client
         client.close()
+    finally:
+        running.stop()
 
 
 @pytest.fixture(scope="module")
 def job(hosted):
     _, client = hosted
-    return start(client, [training(), inference()])
+    job_id = client.create_job([training(), inference()], idle_timeout_seconds=0)
+    client.wait_for_job(job_id)
+    return job_id
 
 
 def post(backend, job_id: str, path: str, body: dict) -> requests.Response:
-    return requests.post(f"{backend.base_url}/{BASE}/{job_id}/{path}", json=body, timeout=60)
+    """A raw request, with the PAT headers the hosted mode needs."""
+    return requests.post(
+        f"{backend.base_url}/{BASE}/{job_id}/{path}",
+        json=body,
+        headers=backend.auth_headers(),
+        timeout=60,
+    )
+
+
+def watch_start(client, job_id: str, timeout: float = 180) -> list[str]:
+    """The states ``job_id`` reports (polled every 20 ms, repeats dropped) until it runs."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = client.get_job(job_id)["status"]
+        if not seen or seen[-1] != state:
+            seen.append(state)
+        if state not in START_ORDER[:-1]:
+            return seen
+        time.sleep(0.02)
+    raise TimeoutError(f"job {job_id} still {seen[-1]} after {timeout}s (seen {seen})")
+
+
+@pytest.fixture(scope="module")
+def idle_job(hosted):
+    """A job created through ExplainedClient with hosted's shortest idle timeout: the states it
+    walked while it started, then left without a request until it ends."""
+    _, client = hosted
+    job_id = ExplainedClient(client).create_job([inference()], idle_timeout_seconds=300)
+    return job_id, watch_start(client, job_id)
+
+
+@pytest.fixture(scope="module")
+def terminated_job(hosted, idle_job):
+    """``idle_job`` once it has ended (read with GET /{job_id}, which does not keep it alive)."""
+    _, client = hosted
+    job_id, _ = idle_job
+    started = time.monotonic()
+    while (job := client.get_job(job_id))["status"] == "running":
+        assert time.monotonic() - started < 60, "an idle job with a 300 s timeout kept running"
+        time.sleep(0.05)
+    return job_id, job, time.monotonic() - started
 
 
 def frame() -> bytes:
@@ -57,17 +112,18 @@ def test_the_wrapped_forward_is_refused_and_the_raw_one_scores(hosted, job):
     assert info.value.response.status_code == 400
     assert "payload.payload_b64" in message and "rule forward-raw-dssst1" in message
     result = raw_forward.forward(client, job, frame(), sub_job_id=trainer)
-    assert result["post_process_outputs"]["logprobs"].shape == (2, 6)
+    assert raw_forward.logprobs_of(result).shape == (2, 6)  # wherever this mode put them
 
 
 def test_a_callers_checkpoint_id_is_ignored(hosted, job):
     _, client = hosted
     wanted = "cp_" + "d" * 32
     saved = client.poll_request(job, client.save(job, checkpoint_id=wanted))
-    assert saved["checkpoint_id"].startswith("cp_") and saved["checkpoint_id"] != wanted
+    first = save_results.checkpoint_id(saved)  # the id is in stage_path in this mode
+    assert first.startswith("cp_") and first != wanted
     assert wanted not in saved["stage_path"]
     again = client.poll_request(job, client.save(job, checkpoint_id=wanted))
-    assert again["checkpoint_id"] not in (wanted, saved["checkpoint_id"])  # no 409 either
+    assert save_results.checkpoint_id(again) not in (wanted, first)  # no 409 either
 
 
 def test_a_model_folder_is_refused(hosted):
@@ -98,11 +154,17 @@ def test_the_local_operations_are_unknown(hosted, job):
 
 
 def test_the_default_mode_accepts_what_hosted_mode_refuses(client):
-    """Each rule is a difference between the modes: the default backend takes all four."""
+    """Each rule is a difference between the modes: the default backend takes them all: a
+    client without PAT headers, a model folder, timeouts outside hosted's ranges (ignored), a
+    start straight from pending to running, the wrapped forward, a caller's checkpoint id."""
     from cortex_recipes.models import resolve_model_path
 
-    job = start(client, [training(str(resolve_model_path(TINY))), inference()])
+    assert "Authorization" not in client._session.headers
+    sub_jobs = [training(str(resolve_model_path(TINY))), inference()]
+    body = {"sub_job_configs": [s.to_wire() for s in sub_jobs], "idle_timeout_seconds": 5}
+    job = client.create_job_from_body({**body, "pending_timeout_seconds": 1})["job_id"]
     try:
+        assert set(watch_start(client, job)) <= {"pending", "running"}
         wrapped = client.forward(job, frame(), sub_job_id=f"{job}:training:0")
         assert client.poll_request(job, wrapped["request_id"])["post_process_outputs"]
         wanted = "cp_" + "e" * 32
@@ -112,6 +174,83 @@ def test_the_default_mode_accepts_what_hosted_mode_refuses(client):
         )
     finally:
         client.cancel_job(job)
+
+
+def test_every_api_request_needs_the_pat_headers(hosted, job):
+    backend, client = hosted
+    bare = CortexTrainingClient(
+        base_url=backend.base_url, database="LOCAL", schema="PUBLIC", max_retries=0
+    )
+    with pytest.raises(requests.HTTPError) as refused:
+        bare.get_job(job)
+    assert refused.value.response.status_code == 401
+    message = refused.value.response.json()["message"]
+    assert "header Authorization is missing" in message and "rule pat-headers" in message
+    assert requests.get(f"{backend.base_url}/healthz", timeout=10).ok  # outside /api/v2
+    assert client.get_job(job)["status"] == "running"  # LocalBackend.client sends them
+    token = backend.auth_headers()["Authorization"].removeprefix("Bearer ")
+    server = backend.process.pid
+    assert token not in Path(f"/proc/{server}/cmdline").read_text()  # passed in the environment
+    assert token not in backend.log_path.read_text()
+    workers = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(p) == server]
+    assert workers, "the shared job's workers are the server's children"
+    for worker in workers:  # the server took it out of the environment its workers inherit
+        assert token.encode() not in (worker / "environ").read_bytes()
+
+
+def _parent(proc: Path) -> int | None:
+    try:
+        return int((proc / "stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def test_a_new_job_walks_the_hosted_start_states(idle_job):
+    _, states = idle_job
+    assert states[-1] == "running", states
+    assert {"placing", "initializing"} <= set(states), states
+    assert states == sorted(states, key=START_ORDER.index), states
+
+
+def test_hosted_mode_checks_the_create_job_timeouts(hosted):
+    _, client = hosted
+    body = {"sub_job_configs": [inference().to_wire()], "idle_timeout_seconds": 5}
+    with pytest.raises(requests.HTTPError) as refused:
+        client.create_job_from_body(body)
+    assert refused.value.response.status_code == 400
+    message = refused.value.response.json()["message"]
+    accepted = "accepted: 0 (never idle-terminated) or an integer 300..604800"
+    assert f"idle_timeout_seconds=5; {accepted}" in message
+    assert "rule idle-timeout" in message
+
+
+def test_an_idle_job_ends_terminated_and_later_calls_name_it(hosted, terminated_job):
+    _, client = hosted
+    job_id, job, waited = terminated_job
+    assert job["status"] == "terminated"
+    assert job["reason"].startswith("idle for 300 s: no request for idle_timeout_seconds=300")
+    assert waited < 300 / IDLE_CLOCK_SCALE + 10
+    with pytest.raises(CortexCallError) as refused:
+        ExplainedClient(client).generate(job_id, ["hello"], {"max_tokens": 2})
+    assert refused.value.status == 410 and refused.value.code == "job_terminated"
+    assert f"job {job_id} is terminated: idle for 300 s" in str(refused.value)
+
+
+def test_terminated_is_final_for_the_journeys_wait_not_for_the_sdk_s(hosted, terminated_job):
+    backend, _ = hosted
+    job_id, _, _ = terminated_job
+    sdk = backend.client(max_retries=0, poll_interval=0.02, poll_max_interval=0.05, poll_timeout=1)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):  # the SDK polls a terminated job until its timeout
+        sdk.wait_for_job(job_id)
+    assert time.monotonic() - started >= 1
+    started = time.monotonic()
+    with pytest.raises(JobEnded) as ended:
+        ExplainedClient(sdk).wait_for_job(job_id)
+    assert time.monotonic() - started < 1
+    assert ended.value.state == "terminated"
+    assert f"job {job_id} is terminated: idle for 300 s" in str(ended.value)
+    sdk.close()
 
 
 def test_every_rule_is_documented():

@@ -126,8 +126,11 @@ class FakeClient:
     def create_job(self, sub_jobs):
         return "job-1"
 
-    def wait_for_job(self, job_id):
-        return {"sub_jobs": [{"job_type": "training", "sub_job_id": f"{job_id}:training:0"}]}
+    def get_job(self, job_id):  # ExplainedClient.wait_for_job polls it
+        return {
+            "status": "running",
+            "sub_jobs": [{"job_type": "training", "sub_job_id": f"{job_id}:training:0"}],
+        }
 
     def forward_backward(self, job_id, data):
         raise self.fail_with

@@ -1,6 +1,8 @@
 """The FastAPI app: Cortex Training REST routes over a :class:`~cortex_recipes.local.backend.Backend`.
 
 Every client mistake is a 4xx whose JSON body is ``{"message", "code"}`` (the SDK reads both).
+In hosted-conformance mode every ``/api/v2/`` request passes the PAT check and stamps its job's
+idle clock first (:mod:`~cortex_recipes.local.hosted_gate`).
 An exception nobody anticipated is a 500 that names the operation (the route) and is logged
 with its traceback; the tests sweep malformed input to show no input class reaches it.
 """
@@ -17,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
-from cortex_recipes.local import bodies
+from cortex_recipes.local import bodies, hosted_gate
 from cortex_recipes.local.backend import Backend
 from cortex_recipes.local.errors import BackendError
 
@@ -69,7 +71,9 @@ def create_app(
     threads: int | None = None,
     device: str = "auto",
     hosted: bool = False,
+    api_token: str | None = None,
 ) -> FastAPI:
+    """``api_token``: the PAT a hosted-mode app requires (None: a new one, not shown)."""
     backend = Backend(
         state_dir,
         device=device,
@@ -80,6 +84,9 @@ def create_app(
     registry, data_plane = backend.registry, backend.data_plane
     app = FastAPI(title="cortex-recipes local backend", docs_url=None, redoc_url=None)
     app.state.backend = backend
+    if hosted:
+        token = hosted_gate.server_token(api_token)
+        app.add_middleware(hosted_gate.HostedGate, token=token, touch=registry.touch)
 
     @app.exception_handler(BackendError)
     async def _backend_error(_: Request, exc: BackendError) -> JSONResponse:
@@ -192,7 +199,10 @@ def create_app(
     async def operation(
         request: Request, database: str, schema: str, job_id: str
     ) -> dict[str, Any]:
-        return backend.operation(job_id, await _json(request, max_body_bytes, "operation"))
+        body = await _json(request, max_body_bytes, "operation")
+        # In a thread: cancel-request waits for its target and a draining reset-prefix-cache for
+        # the sampler's rows; neither may hold the event loop that serves everyone else.
+        return await anyio.to_thread.run_sync(backend.operation, job_id, body)
 
     @app.get(PREFIX + "/{job_id}/requests/{request_id}")
     async def request_status(

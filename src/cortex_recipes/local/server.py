@@ -2,6 +2,9 @@
 
 The server binds 127.0.0.1 unless told otherwise. :class:`LocalBackend` starts it as a child
 process on a free loopback port, waits until it answers, and stops it (and its workers) on exit.
+In hosted-conformance mode it generates a PAT per start, hands it to the server in
+``$CORTEX_RECIPES_HOSTED_TOKEN`` and gives its clients the PAT headers
+(:mod:`~cortex_recipes.local.hosted_gate`); the token is never logged or written to a file.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 
 import requests
 
+from cortex_recipes.local import hosted_gate
 from cortex_recipes.local.devices import DEVICE_ENV, DEVICE_MODES, device_mode
 from cortex_recipes.local.hosted import RULES as HOSTED_RULES
 from cortex_recipes.local.worker_spawn import bytecode_hint
@@ -44,7 +48,9 @@ def serve(
     result_chunk_bytes: int | None = None,
     device: str = "auto",
     hosted: bool = False,
+    api_token: str | None = None,
 ) -> None:
+    """``api_token``: the PAT hosted mode requires (None: a new one, not shown)."""
     import uvicorn
 
     from cortex_recipes.local.app import create_app
@@ -64,6 +70,7 @@ def serve(
         threads=threads,
         device=device,
         hosted=hosted,
+        api_token=api_token,
         **({"max_body_bytes": max_body_bytes} if max_body_bytes else {}),
         **({"result_chunk_bytes": result_chunk_bytes} if result_chunk_bytes else {}),
     )
@@ -92,7 +99,8 @@ class LocalBackend:
     ``base_url``, ``database`` and ``schema`` are what ``CortexTrainingClient`` needs.
     ``device`` is ``auto`` (a GPU when CUDA is visible and the sub-job asks for one), ``cpu``
     or ``cuda``; None reads ``$CORTEX_RECIPES_DEVICE`` (default ``auto``). ``hosted`` starts
-    it in hosted-conformance mode (:mod:`cortex_recipes.local.hosted`).
+    it in hosted-conformance mode (:mod:`cortex_recipes.local.hosted`), with a new PAT per
+    start that :meth:`client` sends.
     """
 
     def __init__(
@@ -121,6 +129,7 @@ class LocalBackend:
         self.threads = threads
         self.log_path = log_path or self.state_dir / "server.log"
         self.process: subprocess.Popen | None = None
+        self._token: str | None = None  # hosted mode's PAT, per start; never logged
         self.base_url = ""
         self.database, self.schema = LOCAL_DATABASE, LOCAL_SCHEMA
 
@@ -143,8 +152,12 @@ class LocalBackend:
             "--device",
             self.device,
         ]
+        env = dict(os.environ)
+        env.pop(hosted_gate.TOKEN_ENV, None)
         if self.hosted:
             cmd.append("--hosted")
+            self._token = hosted_gate.new_token()
+            env[hosted_gate.TOKEN_ENV] = self._token  # the environment, not the command line
         if self.threads:
             cmd += ["--threads", str(self.threads)]
         if self.max_body_bytes:
@@ -158,6 +171,7 @@ class LocalBackend:
                 stdout=log_file,
                 stderr=log_file,
                 start_new_session=True,
+                env=env,
             )
         deadline = time.monotonic() + self.startup_timeout
         while not ready.exists():
@@ -187,11 +201,20 @@ class LocalBackend:
         return self
 
     def client(self, **kwargs):
+        """A ``CortexTrainingClient`` of this backend; in hosted mode it sends the PAT headers,
+        as ``CortexTrainingClient.from_pat`` does."""
         from cortex_training import CortexTrainingClient
 
-        return CortexTrainingClient(
+        client = CortexTrainingClient(
             base_url=self.base_url, database=self.database, schema=self.schema, **kwargs
         )
+        client._session.headers.update(self.auth_headers())
+        return client
+
+    def auth_headers(self) -> dict[str, str]:
+        """The headers a request to this backend needs: the PAT headers in hosted mode (for
+        this start's token), none in the default mode."""
+        return hosted_gate.pat_headers(self._token) if self._token is not None else {}
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -261,7 +284,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--hosted",
         action="store_true",
         help="hosted-conformance mode: refuse what hosted Cortex documents it does not accept "
-        "(cortex_recipes.local.hosted; docs/local-backend.md)",
+        "(cortex_recipes.local.hosted; docs/local-backend.md); every request then needs the PAT "
+        f"headers with the token in ${hosted_gate.TOKEN_ENV} (a random one, not shown, when unset)",
     )
     parser.add_argument(
         "--threads",
@@ -299,6 +323,8 @@ def run_from_args(args: argparse.Namespace) -> int:
             result_chunk_bytes=args.result_chunk_bytes,
             device=device_mode(args.device),
             hosted=args.hosted,
+            # Taken out of the environment either way, so that workers never inherit it.
+            api_token=hosted_gate.take_token(),
         )
     return 0
 
