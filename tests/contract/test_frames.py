@@ -140,12 +140,16 @@ class FakeTeacher:
     def __init__(self):
         self.sent = None
 
-    def _send(self, method, url, *, data, params, headers):
+    def _send(self, method, url, *, data, params, headers, retry_on=None):
         """The raw forward transport's one call (cortex_recipes.raw_forward)."""
         assert (method, url, params) == ("POST", "/api/job/forward", {"sub_job_id": "teacher"})
         assert headers == {"Content-Type": "application/octet-stream"}
         self.sent = wire.loads(data)
         return SimpleNamespace(json=lambda: {"request_id": "r1"}, text="")
+
+    def get_job(self, job_id):
+        """Read once for the sub-job's rank count (one: no filler rows)."""
+        return {"sub_jobs": [{"sub_job_id": "teacher", "inference_config": {"n_gpus": 1}}]}
 
     def poll_request(self, job_id, request_id):
         rows, width = self.sent["kwargs"]["input_ids"].shape

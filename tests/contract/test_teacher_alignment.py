@@ -55,8 +55,10 @@ def test_teacher_scores_land_on_the_prompt_boundary_and_skip_padding():
     assert torch.equal(aligned != 0, mask > 0)
 
 
-def test_missing_teacher_result_names_the_hosted_limitation():
-    with pytest.raises(TeacherScoreError, match="no post_process_outputs.logprobs.*hosted"):
+def test_missing_teacher_result_names_where_it_looked():
+    with pytest.raises(
+        TeacherScoreError, match=r"no logprobs at post_process_outputs.logprobs, batch.logprobs"
+    ):
         extract_scores({"post_process_outputs": {}}, ROLLOUTS, 5)
 
 

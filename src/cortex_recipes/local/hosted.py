@@ -1,23 +1,20 @@
 """Hosted-conformance mode: where the local backend behaves as hosted Cortex is documented to.
 
-The default mode accepts a few things the hosted service documents it does not, so that the
-SDK's own calls work end to end here. ``cortex-recipes serve --hosted`` (``LocalBackend(
-hosted=True)``, the ``local-hosted`` connection) turns each of those off, so a journey's hosted
-path fails here first when it relies on one. Each difference is one named rule, enforced at the
-one place that handles it, and its error names the rule:
+The default mode answers more generously than the hosted service documents (ids in save results,
+logprobs in ``post_process_outputs``, no authentication, ...), so that the SDK's own calls work
+end to end here. ``cortex-recipes serve --hosted`` (``LocalBackend(hosted=True)``, the
+``local-hosted`` connection) answers the hosted way instead, so a journey's hosted path fails
+here first when it relies on a generosity. Each difference is one named rule, applied at the one
+place that handles it, and its error names the rule.
 
-- ``forward-raw-dssst1``: the ``/operation`` ``forward`` refuses the SDK's base64-wrapped DSSST1
-  payload (hosted Cortex hands it to a ``/forward`` route that takes raw DSSST1: the SDK's REST
-  reference 7.1); ``POST /{job}/forward`` with the raw frame is accepted in both modes.
-- ``checkpoint-id-ignored``: ``save`` ignores a caller's ``checkpoint_id`` and answers with one
-  it generates (the SDK's REST reference, known limitations); a caller must use the returned id.
-- ``no-model-folders``: a ``model_name`` that is a folder on this machine is refused (hosted
-  Cortex loads models by name from its own cache; a local copy is not there).
-- ``no-local-operations``: ``pause-generation`` / ``resume-generation``, this backend's own
-  extensions, are unknown operation types (a 400, as hosted Cortex answers them).
+RULES below names each rule; docs/local-backend.md ("Hosted-conformance mode") says what each
+does in both modes and lists every documented hosted behaviour with the rule that imitates it.
+The data-plane rules are applied in :mod:`~cortex_recipes.local.data_plane` and the worker
+(result shapes), the job rules in :mod:`~cortex_recipes.local.jobs` and
+:mod:`~cortex_recipes.local.idle`, the PAT check in :mod:`~cortex_recipes.local.hosted_gate`.
 
-What the local backend cannot imitate (hosted placement, GPU counts, authentication, model
-availability) is not checked by this mode; docs/local-backend.md lists both.
+What the local backend cannot imitate (hosted placement, GPU counts, whether a token is valid
+for an account, model availability) is not checked by this mode; docs/local-backend.md lists it.
 """
 
 from __future__ import annotations
