@@ -13,8 +13,11 @@ environment and is checked where it is installed.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
+from cortex_recipes.primerl.launch import ENV_VAR as PRIMERL_ENV
 from tests import extras
 from tests.e2e.conftest import TINY
 from tests.e2e.hosted import hosted_mode_ran, metrics, run_hosted
@@ -98,4 +101,31 @@ def test_tito_hosted_profile(tmp_path):
         ),  # fmt: skip
     )
     assert any(m.get("step") == 1 for m in metrics(tmp_path))
+    assert hosted_mode_ran(tmp_path)
+
+
+@extras.requires("grpo")
+@pytest.mark.skipif(
+    not os.environ.get(PRIMERL_ENV), reason=f"no prime-rl environment: set {PRIMERL_ENV}"
+)
+def test_async_grpo_hosted_profile(tmp_path):
+    """prime-rl's orchestrator driving the hosted profile's calls: its trainer adapter fits
+    frames to the ranks, its inference adapter resets the prefix cache without draining."""
+    summary = run_hosted(
+        "rl/async_grpo",
+        "cortex-qwen3-8b-lora.json",
+        tmp_path,
+        steps=2,
+        overrides=(
+            f"model={TINY}",
+            *SMALL,
+            "orchestrator.batch_size=8",
+            "orchestrator.group_size=4",
+            "orchestrator.max_inflight_groups=2",
+            "orchestrator.sampling.max_tokens=8",
+            "eval.num_examples=4",
+        ),  # fmt: skip
+    )
+    assert summary["orchestrator"] == "prime-rl" and summary["steps"] == [1, 2]
+    assert [m["step"] for m in metrics(tmp_path)] == [1, 2]
     assert hosted_mode_ran(tmp_path)
