@@ -200,11 +200,26 @@ def _rl_context(batch: Batch, loss: str, *, teacher: bool) -> dict[str, torch.Te
     return {name: getattr(batch, name) for name in needed}
 
 
-def grpo_frame(batch: Batch, loss_config: dict[str, Any]) -> bytes:
-    """``grpo`` frame: per-token advantages and the sampler's logprobs (the PPO behaviour policy)."""
+def grpo_frame(
+    batch: Batch, loss_config: dict[str, Any], prox_logp_shifted: torch.Tensor | None = None
+) -> bytes:
+    """``grpo`` frame: per-token advantages and the sampler's logprobs (the PPO behaviour
+    policy), and for the decoupled loss the proximal policy's logprobs (prediction-aligned,
+    the batch's shape; 0 where nothing is scored)."""
+    context = _rl_context(batch, "grpo", teacher=False)
+    if prox_logp_shifted is not None:
+        if tuple(prox_logp_shifted.shape) != tuple(batch.loss_mask.shape):
+            raise FrameError(
+                f"prox_logp_shifted has shape {list(prox_logp_shifted.shape)}; accepted: the "
+                f"batch's {list(batch.loss_mask.shape)}"
+            )
+        scored = batch.loss_mask > 0
+        context["prox_logp_shifted"] = torch.where(
+            scored, prox_logp_shifted.float(), torch.zeros_like(batch.loss_mask)
+        )
     return _frame(
         batch,
-        _rl_context(batch, "grpo", teacher=False),
+        context,
         {"loss_fn": "grpo", "config": grpo_loss.with_defaults_named(loss_config)},
     )
 

@@ -26,7 +26,12 @@ LOSS_AGG_MODES = (
     "seq-mean-token-mean",
     "seq-mean-token-sum",
     "seq-mean-token-sum-norm",
+    "prompt-mean",
 )
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+PROX_LOGP_METHODS = ("recompute", "loglinear", "metrics")
+# KL estimators of the reference-KL term (``use_kl_loss``), per token, d = logp - ref_logp.
+KL_LOSS_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 
 
 @dataclass(frozen=True)
@@ -43,9 +48,21 @@ class GRPOLoss:
     dp_size: int | None = None  # with batch_num_tokens: a global loss scale
     batch_num_tokens: int | None = None
     global_batch_size: int | None = None
-    importance_sampling_level: str = "token"  # the local backend implements only "token"
-    prox_logp_method: str = "recompute"  # the local backend implements only "recompute"
-    current_version: int | None = None  # the trainer's policy version (recorded, not used)
+    importance_sampling_level: str = "token"  # or "sequence": one ratio per row (GSPO)
+    c_clip: float | None = None  # dual clip (> 1): caps a negative-advantage token's loss
+    behav_imp_weight_cap: float | None = None  # decoupled loss: drop tokens above this weight
+    m2_threshold: float | None = None  # M2PO: mask the largest log ratios until M2 <= this
+    use_decoupled_loss: bool = False  # clip around the proximal policy, weight by prox / old
+    prox_logp_method: str = "recompute"  # one of PROX_LOGP_METHODS
+    current_version: int | None = None  # the trainer's policy version (loglinear, staleness)
+    use_cispo_loss: bool = False  # CISPO: REINFORCE with a clipped, detached IS weight
+    is_weight_clip_max: float | None = None  # CISPO weight cap (None: 1 + eps_clip_higher)
+    use_sapo_loss: bool = False  # SAPO: a soft sigmoid gate instead of the hard clip
+    sapo_tau_pos: float = 1.0  # gate temperature for positive advantages
+    sapo_tau_neg: float = 1.05  # and for negative ones
+    use_kl_loss: bool = False  # add kl_loss_coef * KL(policy || reference) per token
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"  # one of KL_LOSS_TYPES
 
 
 DEFAULTS: dict[str, Any] = asdict(GRPOLoss())

@@ -8,7 +8,7 @@ import torch
 from cortex_training import wire
 
 from cortex_recipes import frames, raw_forward, save_results
-from cortex_recipes.local import processors
+from cortex_recipes.local import losses, processors
 from cortex_recipes.rollouts import chosen_logprob
 
 pytestmark = pytest.mark.unit
@@ -102,16 +102,16 @@ def test_rank_means_differ_from_the_batch_mean_and_the_global_scale_restores_it(
     logprobs = -torch.rand(3, 5, dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1, 1, 0], [0, 0, 0, 1, 0], [1, 1, 0, 0, 0]], dtype=torch.float64)
     context = {"loss_mask": mask}
-    local, _ = processors.rank_mean_loss(
+    local, _ = losses.rank_mean_loss(
         "causal_cross_entropy", logprobs, None, context, {}, ranks=2
     )
     shards = [(slice(0, 2)), (slice(2, 3))]
     expected = sum(_float64_token_mean(logprobs[s], mask[s]) for s in shards) / 2
     assert float(local) == pytest.approx(expected, abs=1e-12)
     scaled = {"dp_size": 2, "batch_num_tokens": float(mask.sum())}
-    global_, _ = processors.rank_mean_loss(
+    global_, _ = losses.rank_mean_loss(
         "causal_cross_entropy", logprobs, None, context, scaled, ranks=2
     )
     assert float(global_) == pytest.approx(_float64_token_mean(logprobs, mask), abs=1e-12)
-    one, _ = processors.rank_mean_loss("causal_cross_entropy", logprobs, None, context, {}, ranks=1)
+    one, _ = losses.rank_mean_loss("causal_cross_entropy", logprobs, None, context, {}, ranks=1)
     assert float(one) == pytest.approx(_float64_token_mean(logprobs, mask), abs=1e-12)

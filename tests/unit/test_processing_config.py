@@ -6,7 +6,8 @@ import torch
 from cortex_recipes.local.errors import BackendError
 from cortex_recipes.local.frame_checks import validate_context
 from cortex_recipes.local.loss_schemas import parse_processing
-from cortex_recipes.local.processors import causal_cross_entropy, grpo
+from cortex_recipes.local.grpo import grpo
+from cortex_recipes.local.processors import causal_cross_entropy
 from cortex_recipes.local.specs import parse_optimizer, parse_sub_jobs
 
 pytestmark = pytest.mark.unit
@@ -26,8 +27,35 @@ pytestmark = pytest.mark.unit
         ),
         ({"loss_fn": "causal_cross_entropy", "config": {"dp_size": 2}}, "dp_size requires"),
         (
-            {"loss_fn": "grpo", "config": {"use_cispo_loss": True}},
-            "not supported by the local backend",
+            {"loss_fn": "grpo", "config": {"kl_loss_type": "full", "use_kl_loss": True}},
+            "kl_loss_type='full' is not supported by the local backend",
+        ),
+        (
+            {"loss_fn": "grpo", "config": {"use_cispo_loss": True, "use_sapo_loss": True}},
+            "use_cispo_loss and use_sapo_loss are both true",
+        ),
+        ({"loss_fn": "grpo", "config": {"c_clip": 1.0}}, "c_clip=1.0 must be > 1"),
+        (
+            {"loss_fn": "grpo", "config": {"behav_imp_weight_cap": 5.0}},
+            "behav_imp_weight_cap=5.0 acts only with use_decoupled_loss=true",
+        ),
+        (
+            {"loss_fn": "grpo", "config": {"is_weight_clip_max": 2.0}},
+            "is_weight_clip_max=2.0 acts only with use_cispo_loss=true",
+        ),
+        (
+            {"loss_fn": "grpo", "config": {"use_decoupled_loss": True,
+                                           "prox_logp_method": "loglinear"}},
+            "requires processing.config.current_version",
+        ),
+        (
+            {"loss_fn": "grpo", "config": {"importance_sampling_level": "geo"}},
+            "importance_sampling_level='geo'; accepted: token, sequence",
+        ),
+        ({"loss_fn": "grpo", "config": {"use_kl_loss": 1}}, "use_kl_loss=1 must be true or false"),
+        (
+            {"loss_fn": "grpo", "config": {"aux_ce_weight": 0.1}},
+            "unknown keys ['aux_ce_weight']",
         ),
         ({"loss_fn": "grpo", "config": {"eps": 0.2}}, "unknown keys ['eps']"),
         (

@@ -409,6 +409,9 @@ def run_primerl(client, profile, run, *, max_steps: int, job_id: str,
         "losses": [r.get("loss") for r in records],
         "rewards": [step_reward(r) for r in records],
         "off_policy_max_per_step": [r.get("primerl/off_policy/max") for r in records],
+        # shipped episodes per lag over the whole run, and those prime-rl cancelled as stale
+        "lag_histogram": step_records.lag_counts(output_dir, range(1, max_steps + 1)),
+        "stale_cancelled": step_records.stale_cancellations(work / "orchestrator.log"),
         # Steps whose prime-rl record was re-derived from its episodes, or lost (step_records).
         "primerl_record_sources": {
             str(r["step"]): r[SOURCE] for r in records if r.get(SOURCE) is not None

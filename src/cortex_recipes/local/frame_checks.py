@@ -14,6 +14,7 @@ from cortex_training import wire
 
 from cortex_recipes.local.bodies import MAX_TEMPERATURE, boolean, number
 from cortex_recipes.local.errors import BackendError
+from cortex_recipes.local import losses
 from cortex_recipes.local.loss_schemas import Processing, parse_processing
 from cortex_recipes.local.specs import (
     abridge,
@@ -30,10 +31,16 @@ CONTEXT_TENSOR_KEYS = {
     "labels",
     "old_log_probs_shifted",
     "teacher_log_probs_shifted",
+    "prox_logp_shifted",
+    "ref_log_probs_shifted",
+    "prompt_group_ids",
     "action_masks",
     "temperature",
     "versions",
 }
+# Other policies' logprobs may be -inf where nothing is scored; the loss that reads one checks it
+# where loss_mask > 0 (cortex_recipes.local.losses).
+SCORED_FINITE = ("teacher_log_probs_shifted", "prox_logp_shifted", "ref_log_probs_shifted")
 # Model-forward kwargs. Tensors: the inputs, plus `temperature` (logits are divided by it).
 # Flags the SDK and upstream recipes send that do not change the result on this backend (it
 # never keeps a KV cache while training and always returns the logits it needs).
@@ -142,7 +149,7 @@ def validate_context(
                 f"{where} has shape {list(value.shape)}; expected {list(shape)} "
                 f"(the shape of kwargs.input_ids)"
             )
-        if key in ("input_ids", "versions"):
+        if key in ("input_ids", "versions", "prompt_group_ids"):
             if not _is_integer_tensor(value):
                 raise BackendError(f"{where} must be an int64 or int32 tensor")
         elif key == "labels":
@@ -150,7 +157,7 @@ def validate_context(
         elif key in ("loss_mask", "action_masks"):
             _check_mask(value, where)
         else:
-            _check_float(value, where, finite=key != "teacher_log_probs_shifted")
+            _check_float(value, where, finite=key not in SCORED_FINITE)
     if "input_ids" in context and not torch.equal(context["input_ids"].long(), input_ids.long()):
         raise BackendError("context.input_ids differs from kwargs.input_ids")
     loss_fn = processing.loss_fn
@@ -165,26 +172,7 @@ def validate_context(
             f"context.labels is {IGNORE_INDEX} at a position where loss_mask > 0; "
             "mask that position or give it a target"
         )
-    if loss_fn == "causal_cross_entropy" and "action_masks" in context:
-        raise BackendError("loss_fn 'causal_cross_entropy' rejects context.action_masks")
-    if loss_fn == "grpo":
-        if "advantages" not in context:
-            raise BackendError("loss_fn 'grpo' requires context.advantages")
-        if processing.config.get("teacher_tau", 0) > 0:
-            teacher = context.get("teacher_log_probs_shifted")
-            if teacher is None:
-                raise BackendError(
-                    "processing.config.teacher_tau > 0 requires context.teacher_log_probs_shifted"
-                )
-            if not teacher.is_floating_point():
-                raise BackendError("context.teacher_log_probs_shifted must be a float tensor")
-            bad = weighted & ~torch.isfinite(teacher)
-            if bool(bad.any()):
-                row, col = (int(i) for i in bad.nonzero()[0])
-                raise BackendError(
-                    f"context.teacher_log_probs_shifted is non-finite at row {row}, "
-                    f"position {col}, where loss_mask > 0"
-                )
+    losses.get(loss_fn).check_context(processing.config, context, weighted)
     return context
 
 

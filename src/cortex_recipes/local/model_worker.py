@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from cortex_training import wire
 
-from cortex_recipes.local import checkpoints, processors
+from cortex_recipes.local import checkpoints, losses, processors
 from cortex_recipes.local.batcher import Pending
 from cortex_recipes.local.decoding import _Row
 from cortex_recipes.local.errors import BackendError
@@ -305,7 +305,7 @@ class TrainingWorker(ModelWorker):
         else:
             targets = processors.shifted_labels(kwargs["input_ids"], context.get("labels"))
             logprobs, entropy = self._token_logprobs(kwargs, context, targets, processing, frame)
-            loss, metrics = processors.rank_mean_loss(
+            loss, metrics = losses.rank_mean_loss(
                 processing.loss_fn, logprobs, entropy, context, processing.config,
                 ranks=int(header.get("ranks") or 1),
             )  # fmt: skip
@@ -320,7 +320,7 @@ class TrainingWorker(ModelWorker):
 
     def _token_logprobs(self, kwargs, context, targets, processing, frame):
         """Per-token logprobs (and entropy for grpo) of a forward_backward batch."""
-        with_entropy = processing.loss_fn == "grpo"
+        with_entropy = losses.get(processing.loss_fn).with_entropy
         temperature = frame_temperature(frame)
         mask = context.get("loss_mask")
         carried = torch.nonzero(mask.ne(0).any(0)).flatten() if torch.is_tensor(mask) else None

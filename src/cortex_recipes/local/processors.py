@@ -1,4 +1,6 @@
-"""Loss functions and post-processors the local backend runs on a forward pass (tensor math only).
+"""Per-token logprobs, entropy and the ``causal_cross_entropy`` loss (tensor math only); the
+``grpo`` loss is :mod:`cortex_recipes.local.grpo`, and :mod:`cortex_recipes.local.losses` is the
+registry that names both.
 
 Names and semantics follow the Cortex Training ``processing`` contract (``loss_fn``, ``post``,
 ``config``) as the public Arctic-Platform processors define them; this is an independent
@@ -16,7 +18,6 @@ from typing import Any
 
 import torch
 
-from cortex_recipes.grpo_loss import teacher_clip_bounds
 from cortex_recipes.local.errors import BackendError
 
 
@@ -86,137 +87,3 @@ def causal_cross_entropy(
         denom = float(weights.sum())
     loss = nll / denom if denom > 0 else logprobs.sum() * 0.0
     return loss, {"loss_weight_sum": float(weights.sum()), "loss_token_count": int(scored.sum())}
-
-
-def _aggregate(per_token: torch.Tensor, mask: torch.Tensor, config: dict) -> torch.Tensor:
-    mode = config["loss_agg_mode"]
-    if mode == "token-mean":
-        if config.get("batch_num_tokens") is not None:
-            denom = float(config["batch_num_tokens"]) / float(config.get("dp_size") or 1)
-        else:
-            denom = float(mask.sum())
-        return _masked_sum(per_token, mask) / denom if denom > 0 else per_token.sum() * 0.0
-    row_sums = (per_token * mask).sum(-1)
-    row_counts = mask.sum(-1)
-    rows = row_counts > 0
-    if not bool(rows.any()):
-        return per_token.sum() * 0.0
-    if mode == "seq-mean-token-mean":
-        return (row_sums[rows] / row_counts[rows]).mean()
-    if mode == "seq-mean-token-sum":
-        return row_sums[rows].mean()
-    # seq-mean-token-sum-norm: token sums normalised by the padded length (Dr. GRPO style).
-    return row_sums[rows].sum() / (rows.sum() * per_token.shape[-1])
-
-
-def grpo(
-    logprobs: torch.Tensor,
-    entropy: torch.Tensor | None,
-    context: dict[str, torch.Tensor],
-    config: dict,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO-clipped policy-gradient loss with optional teacher (on-policy distillation) terms."""
-    mask = (context["loss_mask"] > 0).to(logprobs.dtype)
-    advantages = context["advantages"].to(logprobs.dtype)
-    old = context.get("old_log_probs_shifted")
-    old = logprobs.detach() if old is None else old.to(logprobs.dtype)
-    metrics: dict[str, float] = {}
-    n_tokens = float(mask.sum())
-
-    tau = float(config["teacher_tau"])
-    if tau > 0:
-        teacher = context["teacher_log_probs_shifted"].to(logprobs.dtype)
-        clip_neg, clip_pos = teacher_clip_bounds(config)
-        scored = mask > 0
-        log_ratio = torch.where(scored, teacher - logprobs.detach(), torch.zeros_like(logprobs))
-        clipped = log_ratio.clamp(-clip_neg, clip_pos)
-        advantages = advantages + tau * clipped * mask
-        was_clipped = (log_ratio != clipped) & scored
-        metrics.update(
-            teacher_tau=tau,
-            teacher_term_token_count=n_tokens,
-            teacher_log_ratio_sum=float(log_ratio.sum()),
-            teacher_clipped_log_ratio_sum=float(clipped.sum()),
-            teacher_clipped_fraction=float(was_clipped.sum()) / n_tokens if n_tokens else 0.0,
-            teacher_advantage_sum=float((tau * clipped * mask).sum()),
-        )
-
-    eps_low = float(config["eps_clip"])
-    eps_high = float(
-        config["eps_clip_higher"] if config["eps_clip_higher"] is not None else eps_low
-    )
-    log_ratio = (logprobs - old) * mask
-    ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped_obj = -advantages * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
-    per_token = torch.maximum(unclipped, clipped_obj)
-    loss = _aggregate(per_token, mask, config)
-    coeff = float(config["entropy_coeff"])
-    if coeff and entropy is not None:
-        loss = loss - coeff * _aggregate(entropy, mask, config)
-
-    with torch.no_grad():
-        clip_active = (clipped_obj > unclipped) & (mask > 0)
-        lr = log_ratio.detach()
-        approx_kl = (torch.exp(-lr) - 1 + lr) * mask  # k3 estimator of KL(pi_old || pi)
-        denom = n_tokens or 1.0
-        metrics.update(
-            grpo_stats_token_count=n_tokens,
-            clip_ratio=float(clip_active.sum()) / denom,
-            approx_kl=float(approx_kl.sum()) / denom,
-            importance_weight=float((ratio.detach() * mask).sum()) / denom,
-            advantage_mean=float((advantages * mask).sum()) / denom,
-        )
-        if entropy is not None:
-            metrics["entropy"] = float((entropy * mask).sum()) / denom
-    return loss, metrics
-
-
-def _loss(
-    loss_fn: str, logprobs: torch.Tensor, entropy: torch.Tensor | None, context: dict, config: dict
-) -> tuple[torch.Tensor, dict[str, float]]:
-    if loss_fn == "causal_cross_entropy":
-        return causal_cross_entropy(logprobs, context, config)
-    return grpo(logprobs, entropy, context, config)
-
-
-def rank_mean_loss(
-    loss_fn: str,
-    logprobs: torch.Tensor,
-    entropy: torch.Tensor | None,
-    context: dict[str, torch.Tensor],
-    config: dict,
-    *,
-    ranks: int = 1,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss of one forward-backward as ``ranks`` data-parallel ranks compute it.
-
-    With one rank, ``loss_fn`` over the whole batch. With more (hosted-conformance rule
-    ``data-parallel-means``), the rows are split into ``ranks`` contiguous shards as evenly as
-    they go, each shard's loss is its own local value (a token mean over its rows, unless the
-    config's ``dp_size`` and ``batch_num_tokens`` scale it globally), and the loss is the mean of
-    the shards' losses, the gradient DeepSpeed's all-reduce averages. Metrics are the whole
-    batch's.
-    """
-    loss, metrics = _loss(loss_fn, logprobs, entropy, context, config)
-    if ranks <= 1:
-        return loss, metrics
-    rows = logprobs.shape[0]
-    shards = torch.tensor_split(torch.arange(rows), ranks)
-
-    def part(value, index):
-        if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == rows:
-            return value[index]
-        return value
-
-    losses = [
-        _loss(
-            loss_fn,
-            logprobs[index],
-            None if entropy is None else entropy[index],
-            {key: part(value, index) for key, value in context.items()},
-            config,
-        )[0]
-        for index in shards
-    ]
-    return torch.stack(losses).mean(), metrics

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,37 @@ def rederive(output_dir: Path, step: int) -> dict[str, Any]:
     for agent, values in sorted(by_agent.items()):
         record[f"train/agg/effective/{agent}/reward/mean"] = sum(values) / len(values)
     return record
+
+
+def lag_counts(output_dir: Path, steps: range) -> dict[str, int]:
+    """How many shipped episodes trained at each lag (``"0"``, ``"1"``, ...) over ``steps``,
+    from their episodes files (the lag of :func:`rederive`); steps without a file are skipped."""
+    counts: dict[int, int] = {}
+    for step in steps:
+        path = traces_path(output_dir, step)
+        if not path.is_file():
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if line.strip():
+                start, _ = _episode(line, f"{path}:{number}")
+                lag = 0 if start is None else max(0, (step - 1) - start)
+                counts[lag] = counts.get(lag, 0) + 1
+    return {str(lag): counts[lag] for lag in sorted(counts)}
+
+
+_STALE = re.compile(
+    r"(?:Cancelled|Dropped) (\d+) (?:train episodes|queued traces) past max_off_policy_steps"
+)
+
+
+def stale_cancellations(orchestrator_log: Path) -> int:
+    """Episodes prime-rl's orchestrator cancelled or dropped as staler than
+    ``max_off_policy_steps`` (its warnings in ``orchestrator.log``; 559b447 keeps no metric of
+    the in-flight ones)."""
+    if not orchestrator_log.is_file():
+        return 0
+    text = orchestrator_log.read_text(errors="replace")
+    return sum(int(n) for n in _STALE.findall(text))
 
 
 def lost(step: int, reason: str) -> dict[str, Any]:

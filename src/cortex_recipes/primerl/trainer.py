@@ -75,12 +75,29 @@ def sample_row(row: Sample) -> frames.Row:
     )
 
 
+def needs_proximal(loss_config: dict[str, Any]) -> bool:
+    """Whether the loss is the decoupled one with a recomputed proximal policy: the trainer
+    then scores the batch under its current weights (a no-grad forward) before training it."""
+    return bool(loss_config.get("use_decoupled_loss")) and (
+        loss_config.get("prox_logp_method", "recompute") == "recompute"
+    )
+
+
 def grpo_rows_frame(
-    rows: Sequence[Sample], pad_id: int, loss_config: dict[str, Any]
+    rows: Sequence[Sample],
+    pad_id: int,
+    loss_config: dict[str, Any],
+    score: Callable[[Any], Any] | None = None,
 ) -> tuple[bytes, dict[str, Any]]:
-    """One ``grpo`` forward-backward frame from prime-rl samples, and what it holds."""
+    """One ``grpo`` forward-backward frame from prime-rl samples, and what it holds. With the
+    decoupled loss (:func:`needs_proximal`), ``score(input_ids)`` gives the proximal logprobs."""
     batch = frames.pad_batch([sample_row(r) for r in rows], pad_id)
-    frame = frames.grpo_frame(batch, loss_config)
+    prox = None
+    if needs_proximal(loss_config):
+        if score is None:
+            raise ValueError("the decoupled grpo loss needs a score function for the proximal policy")
+        prox = score(batch.input_ids)
+    frame = frames.grpo_frame(batch, loss_config, prox)
     mask, advantages = batch.loss_mask, batch.advantages
     stats = {
         "samples": len(rows),
@@ -115,6 +132,16 @@ class TrainerAdapter:
             ]
             self.ranks = sub_job_ranks(job).get(training[0], 1) if training else 1
         return self.ranks
+
+    def _score(self, input_ids):
+        """The training sub-job's logprobs of ``input_ids`` under its current weights (the
+        proximal policy of the decoupled loss): one no-grad forward."""
+        from cortex_recipes import raw_forward
+
+        job_id = self.config.job_id
+        job = self.client.get_job(job_id)
+        training = [s["sub_job_id"] for s in job.get("sub_jobs", []) if s.get("job_type") == "training"]
+        return raw_forward.score(self.client, job_id, input_ids, sub_job_id=training[0])
 
     # -- start and resume ---------------------------------------------------------------
 
@@ -197,8 +224,8 @@ class TrainerAdapter:
             stop=self.stop,
         )  # fmt: skip
         rows = read_rows(path)
-        frame, stats = grpo_rows_frame(rows, config.pad_id, config.loss_config)
         t_train = time.monotonic()
+        frame, stats = grpo_rows_frame(rows, config.pad_id, config.loss_config, self._score)
         frame = frames.for_ranks(frame, self._ranks())
         result = self.client.poll_request(job_id, self.client.forward_backward(job_id, frame))
         self.train_intervals.append((t_train, time.monotonic()))
@@ -220,6 +247,13 @@ class TrainerAdapter:
             "mismatch_kl/mean": (result.get("metrics") or {}).get("approx_kl"),
             # the share of trained tokens whose PPO ratio was clipped (no gradient through them)
             "clip_ratio": (result.get("metrics") or {}).get("clip_ratio"),
+            # the off-policy correction's statistics (the decoupled loss: the mean behaviour
+            # weight prox / old over trained tokens, and the share dropped above its cap)
+            **{
+                f"correction/{key}": (result.get("metrics") or {})[key]
+                for key in ("behave_imp_weight", "behave_masked_fraction")
+                if key in (result.get("metrics") or {})
+            },
             "grad_norm": (stepped or {}).get("grad_norm"),
             **stats,
             "time/wait_for_batch": round(waited, 3),

@@ -35,6 +35,22 @@ class Loss:
         None, doc="how token losses are averaged (token-mean, ...; the server checks it)"
     )
     entropy_coeff: float | None = setting(None, doc="entropy bonus weight")
+    c_clip: float | None = setting(None, gt=1, doc="dual clip of negative-advantage tokens")
+    importance_sampling_level: str | None = setting(
+        None, choices=("token", "sequence"), doc="one ratio per token, or per row (GSPO)"
+    )
+    use_decoupled_loss: bool | None = setting(
+        None,
+        doc="off-policy correction: clip around the proximal policy (the trainer's weights "
+        "before this step, recomputed with a forward) and weight by prox / behaviour",
+    )
+    behav_imp_weight_cap: float | None = setting(
+        None, gt=0, doc="decoupled loss: tokens whose behaviour weight exceeds it are dropped"
+    )
+    m2_threshold: float | None = setting(None, ge=0, doc="M2PO second-moment mask")
+    use_cispo_loss: bool | None = setting(None, doc="CISPO surrogate")
+    is_weight_clip_max: float | None = setting(None, gt=0, doc="CISPO weight cap")
+    use_sapo_loss: bool | None = setting(None, doc="SAPO soft gate instead of the hard clip")
 
     def as_config(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items() if v is not None}
