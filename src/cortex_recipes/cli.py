@@ -86,6 +86,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from cortex_recipes.validate import validate_repository
 
     root = _root(args)
+    if args.restamp:
+        from cortex_recipes.repo_checks.records import restamp
+
+        for path in restamp(root):
+            log.info("re-stamped %s with the form-blind code digest", path)
     problems = validate_repository(root)
     for problem in problems:
         print(problem)
@@ -303,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
         _arg("--release", action="store_true",
              help="also fail on stale evidence: a record behind last_validated whose code_digest "
              "or git_revision no longer matches the code"),
+        _arg("--restamp", action="store_true",
+             help="first give records with a byte digest of exactly today's code the "
+             "form-blind digest (no re-run)"),
         description=problems,
     )  # fmt: skip
     _add_command(

@@ -9,8 +9,13 @@ that names a repository module (how the local backend starts its server and work
 imported bring their ``__init__.py``; a relative import resolves against the importing
 module's package.
 
-``code_digest`` hashes the sorted (path, file digest) pairs: any edit to any of those files,
-a file added to the journey folder, or a new import of another repository module changes it.
+``code_digest`` hashes the sorted (path, file digest) pairs, where a file's digest is taken
+over its code, not its text (:func:`code_form`): the syntax tree with comments, docstrings and
+layout gone. A tidy-up (a comment, a docstring, a reflowed line, quotes, parentheses that change
+nothing) keeps every record valid; any change of behaviour (a statement, a name, a constant, an
+import, a file added to the journey folder, a new import of another repository module) changes
+the digest. One cost is accepted: a docstring a program prints (``--help`` from ``__doc__``)
+is text, not behaviour, here.
 """
 
 from __future__ import annotations
@@ -130,13 +135,55 @@ def code_files(root: Path, folder: Path) -> list[Path]:
     return sorted(seen)
 
 
-def code_digest(root: Path, folder: Path) -> str:
-    """sha256 over the sorted (repository path, file sha256) of :func:`code_files`."""
+# The form of the digest records carry (``code_digest_form``): "ast-1", the code's syntax tree
+# without docstrings. Records without it were hashed over the files' bytes.
+DIGEST_FORM = "ast-1"
+
+
+def _is_docstring(node: ast.stmt) -> bool:
+    return (
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    )
+
+
+def code_form(source: str, filename: str = "<code>") -> str:
+    """``source`` as code only: its syntax tree, docstrings (a string statement opening a
+    module, class or function) removed, dumped without positions, so comments and layout
+    leave no trace."""
+    tree = ast.parse(source, filename=filename)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and _is_docstring(body[0])
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree, include_attributes=False)
+
+
+def byte_digest(root: Path, folder: Path) -> str:
+    """The digest records carried before ``code_digest_form``: over the files' bytes (used
+    only to re-stamp such a record, :func:`cortex_recipes.repo_checks.records.restamp`)."""
     root = Path(root).resolve()
     digest = hashlib.sha256()
     for path in sorted(code_files(root, folder), key=lambda p: _display(root, p)):
         digest.update(_display(root, path).encode() + b"\0")
         digest.update(hashlib.sha256(path.read_bytes()).hexdigest().encode() + b"\n")
+    return digest.hexdigest()
+
+
+def code_digest(root: Path, folder: Path) -> str:
+    """sha256 over the sorted (repository path, sha256 of :func:`code_form`) of
+    :func:`code_files`."""
+    root = Path(root).resolve()
+    digest = hashlib.sha256()
+    for path in sorted(code_files(root, folder), key=lambda p: _display(root, p)):
+        form = code_form(path.read_text(), str(path)).encode()
+        digest.update(_display(root, path).encode() + b"\0")
+        digest.update(hashlib.sha256(form).hexdigest().encode() + b"\n")
     return digest.hexdigest()
 
 

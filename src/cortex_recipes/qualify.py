@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from cortex_recipes.provenance import (
+    DIGEST_FORM,
     code_digest,
     hardware,
     image_identity,
@@ -199,6 +200,7 @@ def record_evidence(
         "git_revision": revision,
         "revision_source": revision_source,
         "code_digest": code_digest(repository_root(recipe_dir), recipe_dir),
+        "code_digest_form": DIGEST_FORM,
         "checks": checks,
         "metrics": compared,
         "packages": package_versions(),

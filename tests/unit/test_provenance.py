@@ -46,9 +46,9 @@ def test_the_digest_follows_imports_lazy_ones_and_module_strings(tmp_path):
     assert {"train.py", "helper.py", "lazy.py", "worker.py", "__init__.py"} <= found
     assert "other.py" not in found  # outside the journey folder and never imported
     before = code_digest(tmp_path, Path("recipes/j"))
-    (tmp_path / "recipes" / "other.py").write_text("# changed, still not imported\n")
+    (tmp_path / "recipes" / "other.py").write_text("X = 1  # changed, still not imported\n")
     assert code_digest(tmp_path, Path("recipes/j")) == before
-    (journey / "helper.py").write_text("# changed\n")
+    (journey / "helper.py").write_text("X = 1\n")
     assert code_digest(tmp_path, Path("recipes/j")) != before
 
 
@@ -73,11 +73,11 @@ def test_stale_evidence_names_records_without_or_with_another_digest(tmp_path):
     fresh, old, *rest = records
     for path in rest:  # the other records are current too; only `old` is stale
         record = json.loads(path.read_text())
-        record.update(code_digest=current, git_revision="abc123")
+        record.update(code_digest=current, git_revision="abc123", code_digest_form="ast-1")
         path.write_text(json.dumps(record))
     for path, digest in ((fresh, current), (old, "0" * 64)):
         record = json.loads(path.read_text())
-        record.update(code_digest=digest, git_revision="abc123")
+        record.update(code_digest=digest, git_revision="abc123", code_digest_form="ast-1")
         path.write_text(json.dumps(record))
     stale = stale_evidence(root)  # not a git checkout: revisions cannot be asked, not flagged
     assert stale == [
@@ -95,12 +95,12 @@ def test_qualify_stale_targets_the_stale_profiles_once_each(tmp_path):
     records = sorted(p for p in evidence.glob("*.json") if not p.name.endswith(".failed.json"))
     for path in records:
         record = json.loads(path.read_text())
-        record.update(code_digest=current, git_revision="abc123")
+        record.update(code_digest=current, git_revision="abc123", code_digest_form="ast-1")
         path.write_text(json.dumps(record))
     assert stale_targets(root) == []
     stale = records[0]
     record = json.loads(stale.read_text())
-    record.update(code_digest="0" * 64, git_revision=None)  # stale for two reasons
+    record.update(code_digest="0" * 64, git_revision=None, code_digest_form="ast-1")  # stale for two reasons
     stale.write_text(json.dumps(record))
     assert len(stale_evidence(root)) == 2
     assert stale_targets(root) == [("sft", record["profile"])]
@@ -114,7 +114,7 @@ def test_qualify_stale_with_nothing_stale_runs_nothing(tmp_path, capsys):
     current = code_digest(root, Path("recipes/sft/conversational"))
     for path in evidence.glob("*.json"):
         record = json.loads(path.read_text())
-        record.update(code_digest=current, git_revision="abc123")
+        record.update(code_digest=current, git_revision="abc123", code_digest_form="ast-1")
         path.write_text(json.dumps(record))
     assert main(["qualify", "--stale", "--root", str(root)]) == 0
     assert "no stale evidence" in capsys.readouterr().out
@@ -134,6 +134,77 @@ def test_a_digest_of_another_checkout_reads_that_checkouts_library(tmp_path):
     folder = Path("recipes/sft/conversational")
     assert code_digest(tmp_path, folder) == code_digest(ROOT, folder)
     frames = tmp_path / "src" / "cortex_recipes" / "frames.py"
-    frames.write_text(frames.read_text() + "\n# changed in the other checkout\n")
+    frames.write_text(frames.read_text() + "\nCHANGED_IN_THE_OTHER_CHECKOUT = 1\n")
     assert code_digest(tmp_path, folder) != code_digest(ROOT, folder)
     assert (tmp_path / "src" / "cortex_recipes" / "frames.py") in code_files(tmp_path, folder)
+
+
+FORM_ONLY = [
+    ("a comment", lambda s: s.replace("def f(a, b):", "def f(a, b):  # adds", 1)),
+    ("a docstring", lambda s: s.replace("def f(a, b):\n", 'def f(a, b):\n    """Adds."""\n', 1)),
+    ("a module docstring", lambda s: '"""The module."""\n' + s),
+    ("reflowed lines", lambda s: s.replace("return a + b", "return (\n        a\n        + b\n    )")),
+    ("quotes", lambda s: s.replace("'x'", '"x"')),
+    ("blank lines", lambda s: s.replace("\n\n", "\n\n\n\n")),
+]
+BEHAVIOUR = [
+    ("an operator", lambda s: s.replace("a + b", "a - b")),
+    ("a constant", lambda s: s.replace("'x'", "'y'")),
+    ("a name", lambda s: s.replace("NAME", "OTHER")),
+    ("a statement", lambda s: s.replace("return a + b", "b += 1\n    return a + b")),
+    ("a default", lambda s: s.replace("def f(a, b):", "def f(a, b=2):")),
+]
+SOURCE = "NAME = 'x'\n\n\ndef f(a, b):\n    return a + b\n"
+
+
+def _digest_of(tmp_path: Path, source: str) -> str:
+    journey = tmp_path / "recipes" / "j"
+    journey.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "recipes" / "__init__.py").write_text("")
+    (journey / "__init__.py").write_text("")
+    (journey / "train.py").write_text(source)
+    return code_digest(tmp_path, Path("recipes/j"))
+
+
+@pytest.mark.parametrize(("what", "edit"), FORM_ONLY, ids=[w for w, _ in FORM_ONLY])
+def test_a_tidy_up_keeps_the_digest(tmp_path, what, edit):
+    assert edit(SOURCE) != SOURCE
+    assert _digest_of(tmp_path, edit(SOURCE)) == _digest_of(tmp_path / "b", SOURCE), what
+
+
+@pytest.mark.parametrize(("what", "edit"), BEHAVIOUR, ids=[w for w, _ in BEHAVIOUR])
+def test_a_change_of_behaviour_changes_the_digest(tmp_path, what, edit):
+    assert edit(SOURCE) != SOURCE
+    assert _digest_of(tmp_path, edit(SOURCE)) != _digest_of(tmp_path / "b", SOURCE), what
+
+
+def test_restamp_only_a_byte_record_of_todays_code(tmp_path):
+    """A record with a byte digest of exactly today's code gets the form-blind digest and its
+    byte digest kept; one whose byte digest is of other code stays stale."""
+    import json
+
+    from cortex_recipes.provenance import DIGEST_FORM, byte_digest
+    from cortex_recipes.repo_checks.records import restamp, stale_evidence
+
+    root = sft_only_repo(tmp_path)
+    folder = Path("recipes/sft/conversational")
+    records = sorted((root / folder / "evidence").glob("*.json"))
+    records = [p for p in records if not p.name.endswith(".failed.json")]
+    assert len(records) >= 2
+    for path in records:
+        record = json.loads(path.read_text())
+        record.pop("code_digest_form", None)
+        record.update(code_digest=byte_digest(root, folder), git_revision="abc123")
+        path.write_text(json.dumps(record))
+    other = json.loads(records[0].read_text())
+    other["code_digest"] = "0" * 64
+    records[0].write_text(json.dumps(other))
+    done = restamp(root)
+    assert done == sorted(f"{folder.as_posix()}/evidence/{p.name}" for p in records[1:])
+    for path in records[1:]:
+        record = json.loads(path.read_text())
+        assert record["code_digest"] == code_digest(root, folder)
+        assert record["code_digest_form"] == DIGEST_FORM
+        assert record["code_digest_bytes"] == byte_digest(root, folder)
+    assert json.loads(records[0].read_text())["code_digest"] == "0" * 64
+    assert any("code_digest" in line and records[0].name in line for line in stale_evidence(root))

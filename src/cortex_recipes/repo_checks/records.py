@@ -58,6 +58,38 @@ class StaleRecord:
         return f"{self.evidence}: {self.reason}"
 
 
+def restamp(root: Path) -> list[str]:
+    """Give every record behind a ``last_validated`` that carries a byte digest
+    (no ``code_digest_form``) the form-blind digest, when its byte digest equals the journey's
+    code now (so the record describes exactly this code); the byte digest is kept as
+    ``code_digest_bytes``. Returns the records re-stamped."""
+    from cortex_recipes.provenance import DIGEST_FORM, byte_digest, code_digest
+
+    root = root.resolve()
+    done: list[str] = []
+    for journey in journeys_lib.load_journeys(root):
+        if not journey.landed:
+            continue
+        folder = journey.path(root)
+        recipe = journeys_lib.load_recipe(folder / "recipe.yaml")
+        for profile in recipe.get("profiles") or []:
+            evidence = profile.get("evidence")
+            if not profile.get("last_validated") or not evidence:
+                continue
+            path = folder / evidence
+            record = json.loads(path.read_text())
+            if record.get("code_digest_form") or record.get("code_digest") != byte_digest(
+                root, folder
+            ):
+                continue
+            record["code_digest_bytes"] = record["code_digest"]
+            record["code_digest"] = code_digest(root, folder)
+            record["code_digest_form"] = DIGEST_FORM
+            path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+            done.append(f"{journey.folder}/{evidence}")
+    return done
+
+
 def stale_records(root: Path) -> list[StaleRecord]:
     """Evidence behind a ``last_validated`` that no longer describes the code.
 
@@ -66,7 +98,7 @@ def stale_records(root: Path) -> list[StaleRecord]:
     now, or when its ``git_revision`` is missing or not in this repository's history. One
     record may be stale for more than one reason (one entry each).
     """
-    from cortex_recipes.provenance import code_digest
+    from cortex_recipes.provenance import DIGEST_FORM, code_digest
 
     root = root.resolve()
     stale: list[StaleRecord] = []
@@ -95,6 +127,11 @@ def stale_records(root: Path) -> list[StaleRecord]:
             recorded = record.get("code_digest")
             if not recorded:
                 found("no code_digest (recorded before code digests)")
+            elif record.get("code_digest_form") != DIGEST_FORM:
+                found(
+                    "code_digest is over the files' bytes (recorded before form-blind digests): "
+                    "`cortex-recipes validate --restamp` re-stamps it if the code is unchanged"
+                )
             elif recorded != current:
                 found(f"code_digest={recorded[:12]} but the journey's code is now {current[:12]}")
             revision = record.get("git_revision")
