@@ -66,7 +66,7 @@ def test_overrides_inside_a_free_form_block_are_kept_as_given():
             r"loss.eps_clp is not a field of loss; accepted: "
             r"behav_imp_weight_cap, c_clip, entropy_coeff, eps_clip, eps_clip_higher, "
             r"importance_sampling_level, is_weight_clip_max, loss_agg_mode, m2_threshold, "
-            r"use_cispo_loss, use_decoupled_loss, use_sapo_loss",
+            r"prox_logp_method, use_cispo_loss, use_decoupled_loss, use_sapo_loss",
         ),
         ("speed=3", r"speed is not a field of the profile; accepted: .*steps"),
         ("learning_rate=-1", r"learning_rate=-1.0 must be > 0"),

@@ -44,6 +44,12 @@ class Loss:
         doc="off-policy correction: clip around the proximal policy (the trainer's weights "
         "before this step, recomputed with a forward) and weight by prox / behaviour",
     )
+    prox_logp_method: str | None = setting(
+        None,
+        choices=("recompute", "loglinear", "metrics"),
+        doc="decoupled loss: the proximal policy recomputed by a forward, or interpolated "
+        "between the behaviour and current policies by version (async GRPO sends the versions)",
+    )
     behav_imp_weight_cap: float | None = setting(
         None, gt=0, doc="decoupled loss: tokens whose behaviour weight exceeds it are dropped"
     )
