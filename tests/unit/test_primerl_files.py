@@ -190,3 +190,43 @@ def test_files_recorded_from_prime_rl_decode_into_trainable_rows():
         for row in rows:
             sampled = [lp for lp, m in zip(row.inference_logprobs, row.loss_mask, strict=True) if m]
             assert all(lp <= 0.0 for lp in sampled)
+
+
+def test_every_recorded_row_gets_the_version_its_episode_started_at():
+    """prime-rl's recorded run (lags 0, 1, 2): each row of a step's rollout file is found in
+    that step's episodes file by its token ids, and the lags they give are prime-rl's own."""
+    from cortex_recipes.primerl import step_records
+    from cortex_recipes.primerl.trainer import row_versions
+
+    lines = {
+        r["step"]: r
+        for r in map(json.loads, (DATA / "metrics.jsonl").read_text().splitlines())
+    }
+    for step in (1, 2, 3):
+        path = DATA / "rollouts" / f"step_{step}" / "rank_0.bin"
+        rows = read_rows(path)
+        versions = row_versions(rows, step_records.sample_versions(DATA, step), str(path))
+        lags = [(step - 1) - v for v in versions]
+        assert len(versions) == len(rows)
+        assert max(lags) == lines[step]["off_policy/max"]
+        assert sum(lags) / len(lags) == pytest.approx(lines[step]["off_policy/mean"])
+
+
+def test_a_row_in_no_shipped_episode_is_refused_naming_it():
+    from cortex_recipes.primerl.trainer import row_versions
+
+    rows = read_rows_of(SAMPLES)
+    with pytest.raises(RolloutFileError, match="row 1 .3 tokens. is in no shipped episode"):
+        row_versions(rows, {(5, 6, 7, 8): [2]}, "rank_0.bin")
+
+
+def test_loglinear_frames_carry_versions_and_the_trainers_version():
+    config = {"use_decoupled_loss": True, "prox_logp_method": "loglinear"}
+    frame, _ = grpo_rows_frame(
+        read_rows_of(SAMPLES), pad_id=0, loss_config=config, versions=[4, 2], current_version=5
+    )
+    decoded = wire.loads(frame)
+    assert decoded["context"]["versions"].tolist() == [[4] * 4, [2] * 4]
+    assert decoded["processing"]["config"]["current_version"] == 5
+    assert decoded["processing"]["config"]["prox_logp_method"] == "loglinear"
+    assert "prox_logp_shifted" not in decoded["context"]  # no forward for loglinear

@@ -129,6 +129,32 @@ def lag_counts(output_dir: Path, steps: range) -> dict[str, int]:
     return {str(lag): counts[lag] for lag in sorted(counts)}
 
 
+def sample_versions(output_dir: Path, step: int) -> dict[tuple[int, ...], list[int]]:
+    """The policy version each shipped sample of ``step`` started at, keyed by its token ids
+    (every node's ``token_ids`` in order: what the rollout file's row holds), in the order the
+    episodes file lists them (a sample shipped twice, after a resume, has two entries; the last
+    is the one the rollout file holds). Raises :class:`StepRecordError` naming the file when it
+    is missing or malformed."""
+    path = traces_path(output_dir, step)
+    if not path.is_file():
+        raise StepRecordError(f"{path}: missing")
+    found: dict[tuple[int, ...], list[int]] = {}
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        start, _ = _episode(line, where)
+        for trace in json.loads(line).get("traces") or []:
+            ids: list[int] = []
+            for node in trace.get("nodes") or []:
+                tokens = node.get("token_ids") or []
+                if not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+                    raise StepRecordError(f"{where}: a node's token_ids are not integers")
+                ids.extend(tokens)
+            found.setdefault(tuple(ids), []).append(0 if start is None else start)
+    return found
+
+
 _STALE = re.compile(
     r"(?:Cancelled|Dropped) (\d+) (?:train episodes|queued traces) past max_off_policy_steps"
 )

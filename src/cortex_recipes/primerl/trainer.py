@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from cortex_recipes import frames, save_results
-from cortex_recipes.primerl import broadcasts
-from cortex_recipes.primerl.rollout_files import Sample, read_rows, rollout_path
+from cortex_recipes.primerl import broadcasts, step_records
+from cortex_recipes.primerl.rollout_files import RolloutFileError, Sample, read_rows, rollout_path
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +79,53 @@ def needs_proximal(loss_config: dict[str, Any]) -> bool:
     """Whether the loss is the decoupled one with a recomputed proximal policy: the trainer
     then scores the batch under its current weights (a no-grad forward) before training it."""
     return bool(loss_config.get("use_decoupled_loss")) and (
-        loss_config.get("prox_logp_method", "recompute") == "recompute"
+        loss_config.get("prox_logp_method", "recompute") in ("recompute", "metrics")
     )
+
+
+def needs_versions(loss_config: dict[str, Any]) -> bool:
+    """Whether the loss interpolates the proximal policy by version (``loglinear``, and
+    ``metrics``, which reports that estimate): the frame then carries each token's version and
+    the config the trainer's (``current_version``)."""
+    return bool(loss_config.get("use_decoupled_loss")) and (
+        loss_config.get("prox_logp_method") in ("loglinear", "metrics")
+    )
+
+
+def row_versions(rows: Sequence[Sample], known: dict[tuple[int, ...], list[int]],
+                 where: str) -> list[int]:  # fmt: skip
+    """The version each row started at (``known``: :func:`step_records.sample_versions`), the
+    last listed for a sample shipped more than once; a row the episodes file does not hold is
+    refused naming it."""
+    left = {key: list(values) for key, values in known.items()}
+    out = []
+    for index, row in enumerate(rows):
+        versions = left.get(tuple(row.input_ids))
+        if not versions:
+            raise RolloutFileError(
+                f"{where}: row {index} ({len(row.input_ids)} tokens) is in no shipped episode, "
+                "so its policy version is unknown"
+            )
+        out.append(versions.pop())
+    return out
+
+
+def with_versions(frame: bytes, versions: list[int], current_version: int) -> bytes:
+    """``frame`` with ``context.versions`` (each row's version on every position) and
+    ``processing.config.current_version``."""
+    import torch
+    from cortex_training import wire
+
+    body = wire.loads(frame)
+    ids = body["kwargs"]["input_ids"]
+    body["context"]["versions"] = (
+        torch.tensor(versions, dtype=torch.long).unsqueeze(1).expand_as(ids).contiguous()
+    )
+    body["processing"]["config"] = {
+        **body["processing"].get("config", {}),
+        "current_version": current_version,
+    }
+    return wire.dumps(body, metadata=wire.read_metadata(frame) or None)
 
 
 def grpo_rows_frame(
@@ -88,6 +133,8 @@ def grpo_rows_frame(
     pad_id: int,
     loss_config: dict[str, Any],
     score: Callable[[Any], Any] | None = None,
+    versions: list[int] | None = None,
+    current_version: int = 0,
 ) -> tuple[bytes, dict[str, Any]]:
     """One ``grpo`` forward-backward frame from prime-rl samples, and what it holds. With the
     decoupled loss (:func:`needs_proximal`), ``score(input_ids)`` gives the proximal logprobs."""
@@ -98,6 +145,10 @@ def grpo_rows_frame(
             raise ValueError("the decoupled grpo loss needs a score function for the proximal policy")
         prox = score(batch.input_ids)
     frame = frames.grpo_frame(batch, loss_config, prox)
+    if needs_versions(loss_config):
+        if versions is None:
+            raise ValueError("prox_logp_method loglinear/metrics needs the rows' versions")
+        frame = with_versions(frame, versions, current_version)
     mask, advantages = batch.loss_mask, batch.advantages
     stats = {
         "samples": len(rows),
@@ -225,7 +276,13 @@ class TrainerAdapter:
         )  # fmt: skip
         rows = read_rows(path)
         t_train = time.monotonic()
-        frame, stats = grpo_rows_frame(rows, config.pad_id, config.loss_config, self._score)
+        versions = None
+        if needs_versions(config.loss_config):
+            known = step_records.sample_versions(self.output_dir, step)
+            versions = row_versions(rows, known, str(path))
+        frame, stats = grpo_rows_frame(
+            rows, config.pad_id, config.loss_config, self._score, versions, step - 1
+        )
         frame = frames.for_ranks(frame, self._ranks())
         result = self.client.poll_request(job_id, self.client.forward_backward(job_id, frame))
         self.train_intervals.append((t_train, time.monotonic()))
