@@ -207,8 +207,11 @@ CASES = [
     ("sapo", {"use_sapo_loss": True}, OLD),
     ("sapo, taus", {"use_sapo_loss": True, "sapo_tau_pos": 0.5, "sapo_tau_neg": 2.0}, OLD),
     *[
-        (f"kl {kind}", {"use_kl_loss": True, "kl_loss_type": kind, "kl_loss_coef": 0.3},
-         OLD | {"ref_log_probs_shifted"})
+        (
+            f"kl {kind}",
+            {"use_kl_loss": True, "kl_loss_type": kind, "kl_loss_coef": 0.3},
+            OLD | {"ref_log_probs_shifted"},
+        )
         for kind in grpo_loss.KL_LOSS_TYPES
     ],  # fmt: skip
     *[
@@ -225,27 +228,41 @@ CASES = [
     (
         "mixed: decoupled loglinear + cap + m2 + sequence + dual clip + kl + seq-mean",
         {
-            "use_decoupled_loss": True, "prox_logp_method": "loglinear",
-            "current_version": CURRENT, "behav_imp_weight_cap": 1.5, "m2_threshold": 0.02,
-            "importance_sampling_level": "sequence", "eps_clip_higher": 0.28, "c_clip": 2.0,
-            "use_kl_loss": True, "kl_loss_type": "low_var_kl",
-            "loss_agg_mode": "seq-mean-token-mean", "entropy_coeff": 0.02,
+            "use_decoupled_loss": True,
+            "prox_logp_method": "loglinear",
+            "current_version": CURRENT,
+            "behav_imp_weight_cap": 1.5,
+            "m2_threshold": 0.02,
+            "importance_sampling_level": "sequence",
+            "eps_clip_higher": 0.28,
+            "c_clip": 2.0,
+            "use_kl_loss": True,
+            "kl_loss_type": "low_var_kl",
+            "loss_agg_mode": "seq-mean-token-mean",
+            "entropy_coeff": 0.02,
         },
         OLD | {"versions", "ref_log_probs_shifted"},
     ),  # fmt: skip
     (
         "mixed: cispo + decoupled recompute + m2 + prompt-mean + kl k2",
         {
-            "use_cispo_loss": True, "use_decoupled_loss": True, "m2_threshold": 0.03,
-            "loss_agg_mode": "prompt-mean", "use_kl_loss": True, "kl_loss_type": "k2",
+            "use_cispo_loss": True,
+            "use_decoupled_loss": True,
+            "m2_threshold": 0.03,
+            "loss_agg_mode": "prompt-mean",
+            "use_kl_loss": True,
+            "kl_loss_type": "k2",
         },
         OLD | {"prox_logp_shifted", "prompt_group_ids", "ref_log_probs_shifted"},
     ),  # fmt: skip
     (
         "mixed: sapo + teacher + sequence-free token level + global scale",
         {
-            "use_sapo_loss": True, "teacher_tau": 0.3, "teacher_clip": 1.0,
-            "dp_size": 4, "batch_num_tokens": 33,
+            "use_sapo_loss": True,
+            "teacher_tau": 0.3,
+            "teacher_clip": 1.0,
+            "dp_size": 4,
+            "batch_num_tokens": 33,
         },
         OLD | {"teacher_log_probs_shifted"},
     ),  # fmt: skip

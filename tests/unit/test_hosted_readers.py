@@ -8,7 +8,7 @@ import torch
 from cortex_training import wire
 
 from cortex_recipes import frames, raw_forward, save_results
-from cortex_recipes.local import losses, processors
+from cortex_recipes.local import losses
 from cortex_recipes.rollouts import chosen_logprob
 
 pytestmark = pytest.mark.unit
@@ -102,9 +102,7 @@ def test_rank_means_differ_from_the_batch_mean_and_the_global_scale_restores_it(
     logprobs = -torch.rand(3, 5, dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1, 1, 0], [0, 0, 0, 1, 0], [1, 1, 0, 0, 0]], dtype=torch.float64)
     context = {"loss_mask": mask}
-    local, _ = losses.rank_mean_loss(
-        "causal_cross_entropy", logprobs, None, context, {}, ranks=2
-    )
+    local, _ = losses.rank_mean_loss("causal_cross_entropy", logprobs, None, context, {}, ranks=2)
     shards = [(slice(0, 2)), (slice(2, 3))]
     expected = sum(_float64_token_mean(logprobs[s], mask[s]) for s in shards) / 2
     assert float(local) == pytest.approx(expected, abs=1e-12)

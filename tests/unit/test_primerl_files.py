@@ -199,8 +199,7 @@ def test_every_recorded_row_gets_the_version_its_episode_started_at():
     from cortex_recipes.primerl.trainer import row_versions
 
     lines = {
-        r["step"]: r
-        for r in map(json.loads, (DATA / "metrics.jsonl").read_text().splitlines())
+        r["step"]: r for r in map(json.loads, (DATA / "metrics.jsonl").read_text().splitlines())
     }
     for step in (1, 2, 3):
         path = DATA / "rollouts" / f"step_{step}" / "rank_0.bin"

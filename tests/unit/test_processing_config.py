@@ -5,8 +5,8 @@ import torch
 
 from cortex_recipes.local.errors import BackendError
 from cortex_recipes.local.frame_checks import validate_context
-from cortex_recipes.local.loss_schemas import parse_processing
 from cortex_recipes.local.grpo import grpo
+from cortex_recipes.local.loss_schemas import parse_processing
 from cortex_recipes.local.processors import causal_cross_entropy
 from cortex_recipes.local.specs import parse_optimizer, parse_sub_jobs
 
@@ -44,8 +44,10 @@ pytestmark = pytest.mark.unit
             "is_weight_clip_max=2.0 acts only with use_cispo_loss=true",
         ),
         (
-            {"loss_fn": "grpo", "config": {"use_decoupled_loss": True,
-                                           "prox_logp_method": "loglinear"}},
+            {
+                "loss_fn": "grpo",
+                "config": {"use_decoupled_loss": True, "prox_logp_method": "loglinear"},
+            },
             "requires processing.config.current_version",
         ),
         (

@@ -100,7 +100,9 @@ def test_qualify_stale_targets_the_stale_profiles_once_each(tmp_path):
     assert stale_targets(root) == []
     stale = records[0]
     record = json.loads(stale.read_text())
-    record.update(code_digest="0" * 64, git_revision=None, code_digest_form="ast-1")  # stale for two reasons
+    record.update(
+        code_digest="0" * 64, git_revision=None, code_digest_form="ast-1"
+    )  # stale for two reasons
     stale.write_text(json.dumps(record))
     assert len(stale_evidence(root)) == 2
     assert stale_targets(root) == [("sft", record["profile"])]
@@ -143,7 +145,10 @@ FORM_ONLY = [
     ("a comment", lambda s: s.replace("def f(a, b):", "def f(a, b):  # adds", 1)),
     ("a docstring", lambda s: s.replace("def f(a, b):\n", 'def f(a, b):\n    """Adds."""\n', 1)),
     ("a module docstring", lambda s: '"""The module."""\n' + s),
-    ("reflowed lines", lambda s: s.replace("return a + b", "return (\n        a\n        + b\n    )")),
+    (
+        "reflowed lines",
+        lambda s: s.replace("return a + b", "return (\n        a\n        + b\n    )"),
+    ),
     ("quotes", lambda s: s.replace("'x'", '"x"')),
     ("blank lines", lambda s: s.replace("\n\n", "\n\n\n\n")),
 ]

@@ -225,7 +225,6 @@ def measures(summary: dict) -> dict:
     }
 
 
-
 if __name__ == "__main__":
     result = main(chz.entrypoint(Config))
     # a record passes only when every check holds and every measured metric is within its

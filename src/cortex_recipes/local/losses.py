@@ -282,9 +282,16 @@ REGISTRY: dict[str, Loss] = {
             check_config=_check_grpo_config,
             required_context=("loss_mask", "advantages"),
             optional_context=(
-                "input_ids", "labels", "old_log_probs_shifted", "prox_logp_shifted", "versions",
-                "ref_log_probs_shifted", "teacher_log_probs_shifted", "prompt_group_ids",
-                "action_masks", "temperature",
+                "input_ids",
+                "labels",
+                "old_log_probs_shifted",
+                "prox_logp_shifted",
+                "versions",
+                "ref_log_probs_shifted",
+                "teacher_log_probs_shifted",
+                "prompt_group_ids",
+                "action_masks",
+                "temperature",
             ),  # fmt: skip
             check_context=_check_grpo_context,
             with_entropy=True,
@@ -341,4 +348,3 @@ def rank_mean_loss(
         for index in shards
     ]
     return torch.stack(losses).mean(), metrics
-

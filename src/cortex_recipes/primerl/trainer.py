@@ -142,7 +142,9 @@ def grpo_rows_frame(
     prox = None
     if needs_proximal(loss_config):
         if score is None:
-            raise ValueError("the decoupled grpo loss needs a score function for the proximal policy")
+            raise ValueError(
+                "the decoupled grpo loss needs a score function for the proximal policy"
+            )
         prox = score(batch.input_ids)
     frame = frames.grpo_frame(batch, loss_config, prox)
     if needs_versions(loss_config):
@@ -191,7 +193,9 @@ class TrainerAdapter:
 
         job_id = self.config.job_id
         job = self.client.get_job(job_id)
-        training = [s["sub_job_id"] for s in job.get("sub_jobs", []) if s.get("job_type") == "training"]
+        training = [
+            s["sub_job_id"] for s in job.get("sub_jobs", []) if s.get("job_type") == "training"
+        ]
         return raw_forward.score(self.client, job_id, input_ids, sub_job_id=training[0])
 
     # -- start and resume ---------------------------------------------------------------
