@@ -1,4 +1,4 @@
-"""`cortex-recipes` command line (`list`, `models`, `serve`, `validate`, `qualify`, `journey`,
+"""`cortex-recipes` command line (`list`, `models`, `serve`, `validate`, `report`, `qualify`, `journey`,
 `export`, `catalog`, `--version`). Prints results to stdout; everything else goes to logging."""
 
 from __future__ import annotations
@@ -78,6 +78,23 @@ def _print_problems(problems: list[str], what: str) -> int:
         log.error("%s: %d problem(s)", what, len(problems))
         return 1
     log.info("%s: no problems", what)
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from cortex_recipes.report import ReportError, check
+
+    try:
+        differences = check(_root(args), write=args.write)
+    except ReportError as exc:
+        print(exc)
+        return 1
+    for difference in differences:
+        print(f"{'rewrote' if args.write else 'differs'}: {difference}")
+    if differences and not args.write:
+        log.error("report: %d number(s) in the docs differ from their records", len(differences))
+        return 1
+    log.info("report: every marked number matches its record")
     return 0
 
 
@@ -312,6 +329,16 @@ def build_parser() -> argparse.ArgumentParser:
              help="first give records with a byte digest of exactly today's code the "
              "form-blind digest (no re-run)"),
         description=problems,
+    )  # fmt: skip
+    _add_command(
+        commands, "report", _cmd_report,
+        "check (or --write) the numbers the docs quote from evidence records",
+        root,
+        _arg("--check", action="store_true", help="the default: fail on any difference"),
+        _arg("--write", action="store_true", help="rewrite every marked number from its record"),
+        description="Numbers between <!-- record PATH FIELD [FORMAT] --> and <!-- /record --> "
+        "markers in the repository's Markdown files are rendered from the records they name "
+        "(cortex_recipes.report). Prints one line per difference; exits 1 if any.",
     )  # fmt: skip
     _add_command(
         commands, "qualify", _cmd_qualify,
