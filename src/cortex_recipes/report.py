@@ -125,7 +125,7 @@ def check(root: Path, *, write: bool = False) -> list[Difference]:
                     "<!-- record PATH FIELD [FORMAT] -->TEXT<!-- /record --> on one line"
                 )
 
-            def replace(match: re.Match, number=number) -> str:
+            def replace(match: re.Match, number=number, relative=relative) -> str:
                 nonlocal changed
                 where = f"{relative}:{number}"
                 rendered = _render(root, match, cache, where)
