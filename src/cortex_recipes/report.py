@@ -27,6 +27,8 @@ MARKER = re.compile(
     r"<!-- record (?P<record>\S+) (?P<field>\S+)(?: (?P<format>\S+))? -->"
     r"(?P<text>.*?)<!-- /record -->"
 )
+# Inline code (`...`): a marker written there is prose about markers, not one.
+CODE_SPAN = re.compile(r"`[^`]*`")
 # Where markers may be: every Markdown file of the repository but these folders.
 SKIPPED_DIRS = {".git", ".venv", "node_modules", "runs", "__pycache__"}
 
@@ -119,14 +121,23 @@ def check(root: Path, *, write: bool = False) -> list[Difference]:
         for number, line in enumerate(lines, start=1):
             if "<!-- record " not in line:
                 continue
-            if line.count("<!-- record ") != len(MARKER.findall(line)):
+            code = [m.span() for m in CODE_SPAN.finditer(line)]
+
+            def quoted(at: int, code=code) -> bool:
+                return any(start <= at < end for start, end in code)
+
+            opened = [m.start() for m in re.finditer("<!-- record ", line) if not quoted(m.start())]
+            found = [m for m in MARKER.finditer(line) if not quoted(m.start())]
+            if len(opened) != len(found):
                 raise ReportError(
                     f"{relative}:{number}: a record marker is not of the form "
                     "<!-- record PATH FIELD [FORMAT] -->TEXT<!-- /record --> on one line"
                 )
 
-            def replace(match: re.Match, number=number, relative=relative) -> str:
+            def replace(match: re.Match, number=number, relative=relative, quoted=quoted) -> str:
                 nonlocal changed
+                if quoted(match.start()):  # a marker shown as code in prose, not a marker
+                    return match.group(0)
                 where = f"{relative}:{number}"
                 rendered = _render(root, match, cache, where)
                 if rendered != match["text"]:

@@ -85,3 +85,10 @@ def test_a_marker_that_cannot_be_rendered_names_the_place(tmp_path, doc, message
     with pytest.raises(ReportError, match=None) as info:
         check(root)
     assert message in str(info.value)
+
+
+def test_a_marker_shown_as_inline_code_is_prose(tmp_path):
+    doc = "Write `<!-- record PATH FIELD -->0.5<!-- /record -->` or `<!-- record ... -->`.\n"
+    root = repo(tmp_path, doc)
+    assert check(root, write=True) == []
+    assert (root / "README.md").read_text() == doc
