@@ -172,10 +172,11 @@ class TrainerAdapter:
         #: set by whoever runs prime-rl once its orchestrator has exited: a wait for a rollout
         #: file or a weight sync that can no longer come raises broadcasts.Stopped
         self.stop = threading.Event()
-        self.ranks: int | None = None  # the training sub-job's n_gpus, read by _ranks()
+        self.ranks: int | None = None  # the training sub-job's n_gpus, read by _training()
+        self.training_id: str | None = None
 
-    def _ranks(self) -> int:
-        """The training sub-job's data-parallel ranks (asked of the job once)."""
+    def _training(self) -> tuple[str | None, int]:
+        """The training sub-job's id and data-parallel ranks (asked of the job once)."""
         if self.ranks is None:
             from cortex_recipes.endpoint import sub_job_ranks
 
@@ -183,8 +184,12 @@ class TrainerAdapter:
             training = [
                 s["sub_job_id"] for s in job.get("sub_jobs", []) if s.get("job_type") == "training"
             ]
-            self.ranks = sub_job_ranks(job).get(training[0], 1) if training else 1
-        return self.ranks
+            self.training_id = training[0] if training else None
+            self.ranks = sub_job_ranks(job).get(self.training_id, 1) if training else 1
+        return self.training_id, self.ranks
+
+    def _ranks(self) -> int:
+        return self._training()[1]
 
     def _score(self, input_ids):
         """The training sub-job's logprobs of ``input_ids`` under its current weights (the
@@ -192,11 +197,7 @@ class TrainerAdapter:
         from cortex_recipes import raw_forward
 
         job_id = self.config.job_id
-        job = self.client.get_job(job_id)
-        training = [
-            s["sub_job_id"] for s in job.get("sub_jobs", []) if s.get("job_type") == "training"
-        ]
-        return raw_forward.score(self.client, job_id, input_ids, sub_job_id=training[0])
+        return raw_forward.score(self.client, job_id, input_ids, sub_job_id=self._training()[0])
 
     # -- start and resume ---------------------------------------------------------------
 

@@ -58,6 +58,26 @@ class StaleRecord:
         return f"{self.evidence}: {self.reason}"
 
 
+def _validated_profiles(root: Path, *, skip_unreadable: bool):
+    """``(journey, folder, profile, evidence)`` for every profile of a landed journey whose
+    ``last_validated`` is backed by an ``evidence`` path; a recipe that does not load is
+    skipped when ``skip_unreadable`` (validate_repository reports it), raised otherwise."""
+    for journey in journeys_lib.load_journeys(root):
+        if not journey.landed:
+            continue
+        folder = journey.path(root)
+        try:
+            recipe = journeys_lib.load_recipe(folder / "recipe.yaml")
+        except JourneyError:
+            if skip_unreadable:
+                continue
+            raise
+        for profile in recipe.get("profiles") or []:
+            evidence = profile.get("evidence")
+            if profile.get("last_validated") and evidence:
+                yield journey, folder, profile, evidence
+
+
 def restamp(root: Path) -> list[str]:
     """Give every record behind a ``last_validated`` that carries a byte digest
     (no ``code_digest_form``) the form-blind digest, when its byte digest equals the journey's
@@ -67,26 +87,20 @@ def restamp(root: Path) -> list[str]:
 
     root = root.resolve()
     done: list[str] = []
-    for journey in journeys_lib.load_journeys(root):
-        if not journey.landed:
+    digests: dict[Path, tuple[str, str]] = {}  # folder -> (byte digest, form-blind digest)
+    for journey, folder, _, evidence in _validated_profiles(root, skip_unreadable=False):
+        path = folder / evidence
+        record = json.loads(path.read_text())
+        if folder not in digests:
+            digests[folder] = (byte_digest(root, folder), code_digest(root, folder))
+        old, new = digests[folder]
+        if record.get("code_digest_form") or record.get("code_digest") != old:
             continue
-        folder = journey.path(root)
-        recipe = journeys_lib.load_recipe(folder / "recipe.yaml")
-        for profile in recipe.get("profiles") or []:
-            evidence = profile.get("evidence")
-            if not profile.get("last_validated") or not evidence:
-                continue
-            path = folder / evidence
-            record = json.loads(path.read_text())
-            if record.get("code_digest_form") or record.get("code_digest") != byte_digest(
-                root, folder
-            ):
-                continue
-            record["code_digest_bytes"] = record["code_digest"]
-            record["code_digest"] = code_digest(root, folder)
-            record["code_digest_form"] = DIGEST_FORM
-            path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-            done.append(f"{journey.folder}/{evidence}")
+        record["code_digest_bytes"] = record["code_digest"]
+        record["code_digest"] = new
+        record["code_digest_form"] = DIGEST_FORM
+        path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        done.append(f"{journey.folder}/{evidence}")
     return done
 
 
@@ -102,43 +116,35 @@ def stale_records(root: Path) -> list[StaleRecord]:
 
     root = root.resolve()
     stale: list[StaleRecord] = []
-    for journey in journeys_lib.load_journeys(root):
-        if not journey.landed:
-            continue
-        folder = journey.path(root)
+    digests: dict[Path, str] = {}
+    for journey, folder, profile, evidence in _validated_profiles(root, skip_unreadable=True):
+        if folder not in digests:
+            digests[folder] = code_digest(root, folder)
+        current = digests[folder]
+        where = f"{journey.folder}/{evidence}"
+
+        def found(reason: str, profile=profile, where=where, journey=journey) -> None:
+            stale.append(StaleRecord(journey.name, profile.get("name", ""), where, reason))
+
         try:
-            recipe = journeys_lib.load_recipe(folder / "recipe.yaml")
-        except JourneyError:
-            continue  # validate_repository reports it
-        current = code_digest(root, folder)
-        for profile in recipe.get("profiles") or []:
-            evidence = profile.get("evidence")
-            if not profile.get("last_validated") or not evidence:
-                continue
-            where = f"{journey.folder}/{evidence}"
-
-            def found(reason: str, profile=profile, where=where, journey=journey) -> None:
-                stale.append(StaleRecord(journey.name, profile.get("name", ""), where, reason))
-
-            try:
-                record = json.loads((folder / evidence).read_text())
-            except (OSError, ValueError):
-                continue  # validate_repository reports an unreadable record
-            recorded = record.get("code_digest")
-            if not recorded:
-                found("no code_digest (recorded before code digests)")
-            elif record.get("code_digest_form") != DIGEST_FORM:
-                found(
-                    "code_digest is over the files' bytes (recorded before form-blind digests): "
-                    "`cortex-recipes validate --restamp` re-stamps it if the code is unchanged"
-                )
-            elif recorded != current:
-                found(f"code_digest={recorded[:12]} but the journey's code is now {current[:12]}")
-            revision = record.get("git_revision")
-            if not revision:
-                found("no git_revision")
-            elif _revision_known(root, revision) is False:
-                found(f"git_revision={revision!r} is not in this history")
+            record = json.loads((folder / evidence).read_text())
+        except (OSError, ValueError):
+            continue  # validate_repository reports an unreadable record
+        recorded = record.get("code_digest")
+        if not recorded:
+            found("no code_digest (recorded before code digests)")
+        elif record.get("code_digest_form") != DIGEST_FORM:
+            found(
+                "code_digest is over the files' bytes (recorded before form-blind digests): "
+                "`cortex-recipes validate --restamp` re-stamps it if the code is unchanged"
+            )
+        elif recorded != current:
+            found(f"code_digest={recorded[:12]} but the journey's code is now {current[:12]}")
+        revision = record.get("git_revision")
+        if not revision:
+            found("no git_revision")
+        elif _revision_known(root, revision) is False:
+            found(f"git_revision={revision!r} is not in this history")
     return stale
 
 
