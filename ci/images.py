@@ -6,6 +6,7 @@
     python ci/images.py --base localhost/cortex-ci-base:bookworm   # CI: a local base image
     python ci/images.py --journey sft --reproducible    # build twice, compare image IDs
     python ci/images.py --journey sft --qualify sft     # CI: build, smoke, CPU qualify in the image
+    python ci/images.py --journey tito --stop tito      # and `<engine> stop` a running train
     python ci/images.py qualify --journey sft [--profile P] [--gpus] [--out DIR]   # a built image
 
 ``qualify`` runs the image's ``qualify`` verb with a directory mounted at /out, the image ID
@@ -51,6 +52,65 @@ def git(*args: str) -> str:
     return subprocess.run(
         ["git", *args], cwd=ROOT, check=True, capture_output=True, text=True
     ).stdout.strip()
+
+
+class EngineError(RuntimeError):
+    """The container engine cannot build these images; the message is one line with the fix."""
+
+
+def pick_engine(engine: str, *, which=None, probe=None) -> tuple[str, str | None]:
+    """``(engine to use, a note to print or None)``.
+
+    The Dockerfile mounts build stages (``RUN --mount``), which only BuildKit can build: on
+    Docker that is the buildx plugin (Docker's legacy ``docker build`` stops at the first
+    ``--mount``). Without buildx the build goes to podman when it is installed (it builds the
+    same Dockerfile; the images are then in podman's store), and fails in one line otherwise.
+    ``which`` and ``probe(command) -> bool`` find and run commands (tests pass their own)."""
+    which = which or shutil.which
+    if probe is None:
+
+        def probe(command: list[str]) -> bool:
+            try:
+                done = subprocess.run(command, capture_output=True, check=False, timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                return False
+            return done.returncode == 0
+
+    if which(engine) is None:
+        other = "podman" if engine == "docker" else "docker"
+        hint = f" (or pass --engine {other}, which is installed)" if which(other) else ""
+        raise EngineError(f"{engine} is not installed or not on PATH: install it{hint}")
+    if engine != "docker" or probe(["docker", "buildx", "version"]):
+        return engine, None
+    fix = (
+        "install Docker's buildx plugin (Debian/Ubuntu: apt install docker-buildx, or "
+        "docker-buildx-plugin from Docker's repository)"
+    )
+    if which("podman") is not None:
+        return "podman", (
+            "docker buildx is missing and the Dockerfile needs BuildKit (RUN --mount): building "
+            f"with podman instead; run the images with podman, or {fix}"
+        )
+    raise EngineError(
+        f"docker buildx is missing and the Dockerfile needs BuildKit (RUN --mount): {fix}, "
+        "or install podman and pass --engine podman"
+    )
+
+
+def describe_failure(exc: Exception) -> str:
+    """One line for a failed step: the command, its exit status and what usually fixes it."""
+    if not isinstance(exc, subprocess.CalledProcessError):
+        return str(exc)
+    command = exc.cmd if isinstance(exc.cmd, list) else [str(exc.cmd)]
+    head = " ".join(str(part) for part in command[:3])
+    hints = {
+        125: "the engine refused the command (daemon not running, no permission, or a bad flag)",
+        126: "the entry point could not be executed",
+        127: "the command was not found in the image",
+        137: "killed (out of memory, or a stop that timed out)",
+    }
+    hint = hints.get(exc.returncode, "its output above says why")
+    return f"`{head} ...` exited {exc.returncode}: {hint}"
 
 
 def landed_journeys() -> list[dict]:
@@ -248,6 +308,57 @@ def train_image(engine: str, journey: str, image: str) -> dict:
     return result
 
 
+#: the line a journey logs once its local backend answers: the stop check signals after it,
+#: so that a backend and its workers are running when the container is stopped
+BACKEND_UP = "local backend at"
+#: `docker stop`'s default wait before SIGKILL; the container must be gone within it
+STOP_TIMEOUT_S = 10
+
+
+def stop_image(engine: str, image: str, wait_s: float = 600.0) -> dict:
+    """Start ``train`` in ``image``, and once its backend is up, ``<engine> stop`` it with the
+    default 10 s timeout: the container must exit by itself (not 137, the engine's SIGKILL),
+    within those 10 s, saying what resumes the run. Returns seconds, exit code and problems."""
+    import threading
+
+    name = f"cortex-stop-check-{os.getpid()}"
+    proc = subprocess.Popen(
+        [engine, "run", "--rm", "--name", name, image, "train"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    started = time.monotonic()
+    while not any(BACKEND_UP in line for line in list(lines)):
+        if proc.poll() is not None or time.monotonic() - started > wait_s:
+            subprocess.run([engine, "rm", "--force", name], check=False, capture_output=True)
+            return {"stop_problems": [f"train never logged {BACKEND_UP!r} (rc {proc.poll()})"]}
+        time.sleep(0.5)
+    result = {"stop_after_s": round(time.monotonic() - started, 1)}
+    signalled = time.monotonic()
+    subprocess.run(
+        [engine, "stop", "--time", str(STOP_TIMEOUT_S), name], check=False, capture_output=True
+    )
+    returncode = proc.wait(timeout=60)
+    reader.join(timeout=10)
+    result.update(stop_s=round(time.monotonic() - signalled, 1), stop_rc=returncode)
+    output = "".join(lines)
+    problems = []
+    if returncode == 137:
+        problems.append("the engine had to SIGKILL the container (rc 137): SIGTERM did not stop it")
+    elif returncode != 143:
+        problems.append(f"train exited {returncode} on SIGTERM (143 expected)")
+    if result["stop_s"] > STOP_TIMEOUT_S:
+        problems.append(f"stopping took {result['stop_s']} s (at most {STOP_TIMEOUT_S})")
+    if "resumes from the newest" not in output:
+        problems.append("train did not say what resumes the stopped run")
+    result["stop_problems"] = problems
+    if problems:
+        print(output[-4000:], file=sys.stderr)
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -266,6 +377,14 @@ def main(argv: list[str] | None = None) -> int:
         "--no-train",
         action="store_true",
         help="skip `train` with the default config to its first step (FIRST_STEP)",
+    )
+    parser.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="JOURNEY",
+        help="after `train`, start it again and `<engine> stop` it once its backend is up: it "
+        "must exit within 10 s, not be killed, and say what resumes it",
     )
     parser.add_argument(
         "--reproducible",
@@ -288,6 +407,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
+    try:
+        engine, note = pick_engine(args.engine)
+    except EngineError as exc:
+        print(f"ci/images.py: {exc}", file=sys.stderr)
+        return 2
+    if note:
+        print(f"ci/images.py: {note}", file=sys.stderr)
+    args.engine = engine
     journeys = landed_journeys()
     if args.journey:
         unknown = sorted(set(args.journey) - {j["name"] for j in journeys})
@@ -300,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(qualify) - {j["name"] for j in journeys})
     if unknown:
         parser.error(f"--qualify names journeys that are not built here: {unknown}")
+    unknown = sorted(set(args.stop) - {j["name"] for j in journeys})
+    if unknown:
+        parser.error(f"--stop names journeys that are not built here: {unknown}")
     if args.command == "qualify":
         failed = []
         for journey in journeys:
@@ -316,7 +446,11 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(result), flush=True)
         return 1 if failed else 0
     failed = []
-    shared = [] if args.reproducible else build_shared(args.engine, args.base)
+    try:
+        shared = [] if args.reproducible else build_shared(args.engine, args.base)
+    except subprocess.CalledProcessError as exc:
+        print(f"ci/images.py: the shared stages: {describe_failure(exc)}", file=sys.stderr)
+        return 1
     for journey in journeys:
         _, version = build_args(journey, args.base)
         tag = f"cortex/{journey['name']}:{version}"
@@ -349,6 +483,10 @@ def main(argv: list[str] | None = None) -> int:
                 result.update(train_image(args.engine, journey["name"], pinned))
                 if result["train_problems"]:
                     failed.append(journey["name"])
+            if journey["name"] in args.stop:
+                result.update(stop_image(args.engine, pinned))
+                if result["stop_problems"]:
+                    failed.append(journey["name"])
             if journey["name"] in qualify:
                 result.update(
                     qualify_image(
@@ -358,7 +496,8 @@ def main(argv: list[str] | None = None) -> int:
                 if result["qualify_problems"]:
                     failed.append(journey["name"])
         except (subprocess.CalledProcessError, ValueError) as exc:
-            result["error"] = str(exc)
+            result["error"] = describe_failure(exc)
+            print(f"ci/images.py: {journey['name']}: {result['error']}", file=sys.stderr)
             failed.append(journey["name"])
         finally:
             if not args.keep:

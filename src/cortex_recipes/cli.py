@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -196,11 +199,79 @@ def version() -> str:
     return f"cortex-recipes {installed('cortex-recipes')} (cortex-training {sdk})"
 
 
+#: seconds a journey gets to stop after SIGTERM/SIGINT before it is killed: under the 10 s
+#: that `docker stop` waits before its SIGKILL
+STOP_GRACE_S = 8.0
+
+
+def run_stoppable(
+    command: list[str], cwd: Path, *, grace_s: float = STOP_GRACE_S, resume: str = ""
+) -> int:
+    """Run ``command`` and return its exit status; SIGTERM or SIGINT to this process stops it.
+
+    The journey runs in its own process group, so a Ctrl-C reaches it once, through here: it
+    gets SIGINT (its ``KeyboardInterrupt`` path stops its local backend) and ``grace_s``
+    seconds, then its group gets SIGKILL. What it saved before stays: checkpoints are written
+    atomically with manifests, and the local backend and prime-rl's processes exit with their
+    parent. Returns 128 + the signal's number when stopped, after one line on stderr naming
+    what resumes the run (``resume``). As a container's command (``docker stop`` signals the
+    init, which passes it here) the container stops within ``docker stop``'s 10 s."""
+    proc = subprocess.Popen(command, cwd=cwd, process_group=0)
+    received: list[tuple[int, float]] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if not received:
+            received.append((signum, time.monotonic()))
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGINT)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while True:
+            try:
+                returncode = proc.wait(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if received and time.monotonic() - received[0][1] >= grace_s:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if not received:
+        return returncode
+    signum, at = received[0]
+    name = signal.Signals(signum).name
+    print(
+        f"stopped by {name} in {time.monotonic() - at:.1f} s; checkpoints saved before it are "
+        f"kept in the run folder, and {resume or 'the same command'} resumes from the newest",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 128 + signum
+
+
+def resume_command(argv: list[str]) -> str:
+    """How to resume a stopped journey: the same command. In a journey image (the entrypoint
+    sets $CORTEX_JOURNEY) that is the same ``docker run``, and the run folder survives only
+    under a mounted /out (the entrypoint then sets $CORTEX_RECIPES_RUNS)."""
+    if os.environ.get("CORTEX_JOURNEY") and Path("/app/.image-build").is_file():
+        if os.environ.get("CORTEX_RECIPES_RUNS"):
+            return "the same `docker run` with the same /out mount"
+        return (
+            "`docker start` of this container (no directory is mounted at /out, so the run "
+            'folder is inside the container, gone with --rm; mount one, -v "$PWD/out:/out", '
+            "to keep runs)"
+        )
+    return "`" + shlex.join(["cortex-recipes", *argv]) + "`"
+
+
 def _cmd_journey(args: argparse.Namespace) -> int:
     root = _root(args)
     command = journey_command(root, args.verb, args.journey, args.overrides)
     log.info("running %s in %s", " ".join(command), root)
-    return subprocess.run(command, cwd=root, check=False).returncode
+    return run_stoppable(command, root, resume=resume_command(sys.argv[1:]))
 
 
 def _cmd_export(args: argparse.Namespace) -> int:

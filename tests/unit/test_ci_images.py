@@ -129,3 +129,51 @@ def test_every_landed_journey_has_a_first_step_override_its_entry_point_accepts(
             key, value = override.split("=", 1)
             assert key in chz.chz_fields(config), (journey["name"], key)
             assert value == "false" if key == "final_eval" else int(value) >= 1
+
+
+def _which(*present):
+    return lambda name: f"/usr/bin/{name}" if name in present else None
+
+
+def test_docker_with_buildx_builds_with_docker():
+    assert images.pick_engine("docker", which=_which("docker"), probe=lambda c: True) == (
+        "docker",
+        None,
+    )
+
+
+def test_docker_without_buildx_goes_to_podman_and_says_so():
+    engine, note = images.pick_engine(
+        "docker", which=_which("docker", "podman"), probe=lambda c: False
+    )
+    assert engine == "podman"
+    assert "buildx is missing" in note and "podman" in note
+
+
+def test_docker_without_buildx_or_podman_is_one_line_with_the_fix():
+    with pytest.raises(images.EngineError) as caught:
+        images.pick_engine("docker", which=_which("docker"), probe=lambda c: False)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "docker-buildx" in message and "--engine podman" in message
+
+
+def test_a_missing_engine_names_the_one_that_is_installed():
+    with pytest.raises(images.EngineError, match="--engine podman"):
+        images.pick_engine("docker", which=_which("podman"), probe=lambda c: True)
+
+
+def test_main_stops_in_one_line_before_building(monkeypatch, capsys):
+    monkeypatch.setattr(images.shutil, "which", _which())
+    assert images.main(["--engine", "docker", "--journey", "sft"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ci/images.py: docker is not installed")
+
+
+def test_a_failed_step_is_described_in_one_line():
+    import subprocess
+
+    exc = subprocess.CalledProcessError(125, ["podman", "build", "--format", "docker", "-t", "x"])
+    line = images.describe_failure(exc)
+    assert "\n" not in line
+    assert line.startswith("`podman build --format ...` exited 125") and "daemon" in line

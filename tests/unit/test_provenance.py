@@ -213,3 +213,34 @@ def test_restamp_only_a_byte_record_of_todays_code(tmp_path):
         assert record["code_digest_bytes"] == byte_digest(root, folder)
     assert json.loads(records[0].read_text())["code_digest"] == "0" * 64
     assert any("code_digest" in line and records[0].name in line for line in stale_evidence(root))
+
+
+def test_a_revision_a_shallow_clone_lacks_is_unknown_not_absent(tmp_path):
+    """`validate --release` in a shallow CI clone: an old record's commit is outside the
+    clone's history, which says nothing about whether it is in the project's; a full clone
+    still finds a made-up commit absent."""
+    import subprocess
+
+    from cortex_recipes.repo_checks.records import _revision_known
+
+    def git(*args, cwd=tmp_path / "full"):
+        subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+    (tmp_path / "full").mkdir()
+    git("init", "-q")
+    revisions = []
+    for n in range(3):
+        (tmp_path / "full" / "f").write_text(str(n))
+        git("add", "f")
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", f"c{n}")
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path / "full",
+                             capture_output=True, text=True, check=True)  # fmt: skip
+        revisions.append(out.stdout.strip())
+    git("clone", "-q", "--depth", "1", f"file://{tmp_path / 'full'}", str(tmp_path / "shallow"),
+        cwd=tmp_path)  # fmt: skip
+    made_up = "0123456789abcdef0123456789abcdef01234567"
+    assert _revision_known(tmp_path / "full", revisions[0]) is True
+    assert _revision_known(tmp_path / "full", made_up + "+dirty") is False
+    assert _revision_known(tmp_path / "shallow", revisions[2]) is True
+    assert _revision_known(tmp_path / "shallow", revisions[0]) is None
+    assert _revision_known(tmp_path / "shallow", made_up) is None

@@ -26,7 +26,8 @@ RECORD_FIELDS = (
 
 def _revision_known(root: Path, revision: str) -> bool | None:
     """Whether ``revision`` (``+dirty`` stripped) is a commit of the repository at ``root``;
-    None where ``root`` is not a git checkout (an image), so history cannot be asked."""
+    None where history cannot answer: ``root`` is not a git checkout (an image), or it is a
+    shallow clone that does not hold the commit."""
     import subprocess
 
     try:
@@ -40,6 +41,19 @@ def _revision_known(root: Path, revision: str) -> bool | None:
             ["git", "-C", str(root), "cat-file", "-e", f"{revision.split('+')[0]}^{{commit}}"],
             capture_output=True, check=False,
         )  # fmt: skip
+        if found.returncode != 0:
+            shallow = subprocess.run(
+                ["git", "-C", str(root), "rev-parse", "--is-shallow-repository"],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            if shallow.stdout.strip() == "true":
+                # a shallow clone holds only the newest commits: an older one is unknown, not
+                # absent (`git fetch --unshallow` makes the check decide)
+                log.warning(
+                    "git_revision=%r is not in this shallow clone's history; not checked "
+                    "(`git fetch --unshallow` checks it)", revision,
+                )  # fmt: skip
+                return None
     except OSError:
         return None
     return found.returncode == 0
