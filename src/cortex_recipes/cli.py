@@ -87,6 +87,12 @@ def _print_problems(problems: list[str], what: str) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from cortex_recipes.report import ReportError, check
 
+    if args.html:
+        from cortex_recipes.report_html import write_html
+
+        print(write_html(_root(args), Path(args.html)))
+        if not (args.check or args.write):
+            return 0
     try:
         differences = check(_root(args), write=args.write)
     except ReportError as exc:
@@ -163,13 +169,57 @@ def journey_command(root: Path, verb: str, journey_name: str, extra: list[str]) 
             command[0] = sys.executable
         return [*command, *extra]
     command = [sys.executable, "-m", journey.entry_point, *extra]
+    mounted = ""
     if not any(arg.startswith("connection=") for arg in extra):
         mounted = os.environ.get(CONNECTION_FILE_ENV) or (
             str(MOUNTED_CONNECTION) if MOUNTED_CONNECTION.is_file() else ""
         )
         if mounted:
             command.append(f"connection={mounted}")
+    connections = [arg for arg in extra if arg.startswith("connection=")]
+    local = not mounted and all(arg == "connection=local" for arg in connections)
+    if local and not any(arg.startswith("profile=") for arg in extra):
+        chosen = gpu_train_profile(root, journey)
+        if chosen:
+            command.append(f"profile={chosen}")
     return command
+
+
+def _gpu_device_present() -> bool:
+    """Whether an NVIDIA device is exposed to this machine or container (no torch import: the
+    CPU path pays nothing)."""
+    return Path("/dev/nvidiactl").exists() or Path("/proc/driver/nvidia/version").exists()
+
+
+def gpu_train_profile(root: Path, journey, *, cuda: bool | None = None) -> str | None:
+    """The config ``train`` runs when a GPU is visible: the journey's first local GPU profile
+    whose pinned weights verify (as ``qualify auto`` picks), as a path from ``root``; None (the
+    journey's default profile) otherwise. Says which and why in one log line either way."""
+    from cortex_recipes import journeys
+    from cortex_recipes.qualify import gpu_profiles
+    from cortex_recipes.qualify_command import _cuda_visible, weight_problems
+
+    recipe = journeys.load_recipe(journey.path(root) / "recipe.yaml")
+    if cuda is None:
+        cuda = _gpu_device_present() and _cuda_visible()
+    if not cuda:
+        log.info("train %s: its default profile (no GPU visible)", journey.name)
+        return None
+    reasons = []
+    for name in gpu_profiles(recipe):
+        problems = weight_problems(root, journey.name, name)
+        if not problems:
+            profile = next(p for p in recipe["profiles"] if p["name"] == name)
+            path = (journey.path(root) / profile["config"]).relative_to(root).as_posix()
+            log.info("train %s: profile %s (a GPU is visible and its weights verify)",
+                     journey.name, name)  # fmt: skip
+            return path
+        reasons.append(f"{name}: {problems[0]}")
+    log.warning(
+        "train %s: a GPU is visible but its default (CPU) profile runs: %s", journey.name,
+        "; ".join(reasons) or "the journey has no local GPU profile",
+    )  # fmt: skip
+    return None
 
 
 def _cmd_qualify(args: argparse.Namespace) -> int:
@@ -407,6 +457,10 @@ def build_parser() -> argparse.ArgumentParser:
         root,
         _arg("--check", action="store_true", help="the default: fail on any difference"),
         _arg("--write", action="store_true", help="rewrite every marked number from its record"),
+        _arg("--html", metavar="DIR",
+             help="write a static release report, DIR/index.html, with the plots and records it "
+             "links copied beside it (cortex_recipes.report_html); checks nothing unless "
+             "--check or --write is given too"),
         description="Numbers between <!-- record PATH FIELD [FORMAT] --> and <!-- /record --> "
         "markers in the repository's Markdown files are rendered from the records they name "
         "(cortex_recipes.report). Prints one line per difference; exits 1 if any.",

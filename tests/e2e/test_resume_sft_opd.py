@@ -3,9 +3,13 @@ run ends: same steps once each, same losses (both runs are seeded)."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +66,59 @@ def test_a_killed_run_resumes_and_matches_an_uninterrupted_one(journey, tmp_path
     assert resumed["resumed_from_step"] >= 1
     assert [m["step"] for m in metrics(killed)] == list(range(1, steps + 1))
     assert resumed["losses"] == pytest.approx(whole["losses"], rel=1e-5, abs=1e-6)
+
+
+def test_a_sigterm_stops_the_journey_command_and_the_same_command_resumes(tmp_path):
+    """`cortex-recipes journey train` (the images' `train` verb) on SIGTERM: the journey and its
+    local backend stop within `docker stop`'s 10 s, the command exits 143 naming what resumes
+    it, the checkpoint saved before the signal is kept, and that command resumes from it."""
+    module, steps, overrides = JOURNEYS["sft"]
+    run_dir = tmp_path / "stopped"
+    cli = [str(Path(sys.executable).with_name("cortex-recipes")), "journey", "train", "sft"]
+    args = [f"{k}={v}" for k, v in {**overrides, "steps": steps, "ckpt_interval": 1,
+                                    "log_path": run_dir}.items()]  # fmt: skip
+    proc = subprocess.Popen(
+        [*cli, *args, "--root", str(ROOT)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        wait_for_checkpoint(proc, run_dir, 1)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert took <= 10.0, f"stopping took {took:.1f} s"
+    assert "stopped by SIGTERM" in output and "resumes from the newest" in output
+    assert "cortex-recipes journey train sft" in output
+    kept = RunCheckpoints(run_dir / "checkpoints").steps()
+    assert 1 in kept
+    # no process of this run is left: the backend exits with the journey that started it
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        left = [
+            pid for pid in os.listdir("/proc") if pid.isdigit() and _mentions(pid, str(run_dir))
+        ]
+        if not left:
+            break
+        time.sleep(0.5)
+    assert not left, f"processes of the stopped run still running: {left}"
+
+    resumed = subprocess.run(
+        [*cli, *args, "--root", str(ROOT)], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from_step"] >= 1
+    assert [m["step"] for m in metrics(run_dir)] == list(range(1, steps + 1))
+
+
+def _mentions(pid: str, text: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return text.encode() in f.read()
+    except OSError:
+        return False

@@ -23,6 +23,7 @@ def test_smoke_runs_the_smoke_command_from_journeys_toml_with_this_python():
 
 
 def test_train_uses_the_local_backend_unless_a_connection_file_is_given(monkeypatch, tmp_path):
+    monkeypatch.setattr(cli, "_gpu_device_present", lambda: False)
     monkeypatch.delenv(cli.CONNECTION_FILE_ENV, raising=False)
     monkeypatch.setattr(cli, "MOUNTED_CONNECTION", tmp_path / "absent.json")
     assert cli.journey_command(ROOT, "train", "opd", []) == python_m(
@@ -98,3 +99,36 @@ def test_image_qualify_verb_needs_a_writable_out_and_passes_the_profile(tmp_path
         f"cortex-recipes qualify sft local-cpu-smollm2-lora runs=1 --root /app --out {out}"
     )
     assert entry("smoke").stdout.splitlines()[1] == f"runs={out}/runs"
+
+
+def test_train_runs_the_default_profile_without_a_gpu(monkeypatch, tmp_path, caplog):
+    monkeypatch.delenv(cli.CONNECTION_FILE_ENV, raising=False)
+    monkeypatch.setattr(cli, "MOUNTED_CONNECTION", tmp_path / "absent.json")
+    monkeypatch.setattr(cli, "_gpu_device_present", lambda: False)
+    caplog.set_level("INFO")
+    assert cli.journey_command(ROOT, "train", "tito", []) == python_m("recipes.agentic.tito.train")
+    assert "its default profile (no GPU visible)" in caplog.text
+
+
+def test_train_picks_the_gpu_profile_whose_weights_verify(monkeypatch, tmp_path, caplog):
+    from cortex_recipes import journeys, qualify_command
+
+    tito = journeys.get_journey(ROOT, "tito")
+    caplog.set_level("INFO")
+    monkeypatch.setattr(qualify_command, "weight_problems", lambda root, j, p: ["absent"])
+    assert cli.gpu_train_profile(ROOT, tito, cuda=True) is None
+    assert "default (CPU) profile runs: local-gpu-qwen3-0.6b-chain: absent" in caplog.text
+    monkeypatch.setattr(qualify_command, "weight_problems", lambda root, j, p: [])
+    chosen = cli.gpu_train_profile(ROOT, tito, cuda=True)
+    assert chosen == "recipes/agentic/tito/configs/local-gpu-qwen3-0.6b-chain.json"
+    assert (ROOT / chosen).is_file()
+    assert "profile local-gpu-qwen3-0.6b-chain (a GPU is visible" in caplog.text
+
+    monkeypatch.delenv(cli.CONNECTION_FILE_ENV, raising=False)
+    monkeypatch.setattr(cli, "MOUNTED_CONNECTION", tmp_path / "absent.json")
+    monkeypatch.setattr(cli, "gpu_train_profile", lambda root, journey: chosen)
+    assert cli.journey_command(ROOT, "train", "tito", [])[-1] == f"profile={chosen}"
+    # a profile or a hosted connection the user names is kept as given
+    assert cli.journey_command(ROOT, "train", "tito", ["profile=x.json"])[-1] == "profile=x.json"
+    hosted = cli.journey_command(ROOT, "train", "tito", ["connection=conn.json"])
+    assert not any(arg.startswith("profile=") for arg in hosted)
