@@ -86,7 +86,8 @@ def test_the_taskset_file_holds_the_problems_and_prompts_the_eval_measures(tmp_p
     for line in (0, 1, env.size - 1):
         task = env.task(order[line])
         assert rows[line] == {
-            "prompt": env.prompt(task), "answer": task.answer, "partial_credit": True
+            "prompt": env.prompt(task), "answer": task.answer,
+            "partial_credit": profile.env.reward == "dataset",
         }  # fmt: skip
         assert env.score(task, rows[line]["answer"]) == 1.0
     assert rows[0]["prompt"].endswith(profile.env.instruction)
@@ -201,13 +202,16 @@ REPLIES = [
 ]  # fmt: skip
 
 
-def test_the_taskset_reward_is_what_math_grpo_trains_on(tmp_path):
+@pytest.mark.parametrize("reward", ["dataset", "exact"])
+def test_the_taskset_reward_is_what_math_grpo_trains_on(tmp_path, reward):
     """prime-rl's orchestrator must train on Math GRPO's reward, ``env.score``:
     reasoning-gym's partial credit for its problems (a taskset that rewarded exact answers only
-    gave prime-rl sparser signal than the loop it is compared with), exact answers only for
-    a task file."""
+    gave prime-rl sparser signal than the loop it is compared with) unless the profile's
+    ``env.reward`` is ``exact``, exact answers only for a task file."""
     scoring = _taskset_scoring()
-    profile = load_grpo_profile("recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json")
+    profile = load_grpo_profile(
+        "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json", [f"env.reward={reward}"]
+    )
     path = journey.write_tasks(profile, tmp_path / "gym" / "tasks.jsonl")
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     env, _ = profile.envs()
@@ -219,7 +223,8 @@ def test_the_taskset_reward_is_what_math_grpo_trains_on(tmp_path):
             expected = env.score(task, reply)
             assert scoring.score(reply, row["answer"], row["partial_credit"]) == expected, reply
             partial_seen |= 0.0 < expected < 1.0
-    assert partial_seen  # the partial-credit branch was exercised
+    # the partial-credit branch was exercised where the reward has one, and never otherwise
+    assert partial_seen == (reward == "dataset")
 
     tasks = tmp_path / "file.jsonl"
     tasks.write_text('{"question": "Calculate 7 + 4.", "answer": "11"}\n')
@@ -322,3 +327,21 @@ def test_backend_lost_reports_only_recoverable_errors():
     assert journey.backend_lost(Client(refused), "job-1") is refused
     assert journey.backend_lost(Client(ValueError("bad job id")), "job-1") is None
     assert journey.backend_lost(Client(None), "job-1") is None
+
+
+def test_an_exact_reward_gives_no_partial_credit_and_an_unknown_one_is_refused():
+    """``env.reward: exact`` scores what the greedy eval counts: a reply whose first integer
+    merely contains the answer ("19" for 9, worth 0.5 under reasoning-gym's partial credit, a
+    format the CPU profile's policy learned in place of the sums) gets nothing."""
+    from cortex_recipes.profiles import ProfileError
+
+    config = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
+    partial, _ = load_grpo_profile(config, ["env.reward=dataset"]).envs()
+    exact, eval_env = load_grpo_profile(config, ["env.reward=exact"]).envs()
+    task = next(t for t in map(exact.task, range(50)) if len(t.answer) == 1)
+    assert partial.score(task, f"The answer is 1{task.answer}.") == 0.5
+    assert exact.score(task, f"The answer is 1{task.answer}.") == 0.0
+    assert exact.score(task, f"The answer is {task.answer}.") == 1.0
+    assert eval_env.exact  # the eval set is scored the same way
+    with pytest.raises(ProfileError, match="env.reward.*'partial'.*dataset, exact"):
+        load_grpo_profile(config, ["env.reward=partial"])

@@ -119,9 +119,10 @@ def write_tasks(profile, path: Path) -> Path:
 
     check_dataset(profile)
     env, _ = profile.envs()
-    # Math GRPO trains on env.score: reasoning-gym's partial credit for its problems, exact
-    # answers only for a task file. The taskset applies the same rule per line.
-    partial = isinstance(env, MathEnv)
+    # Math GRPO trains on env.score: reasoning-gym's partial credit for its problems (unless
+    # the profile's env.reward is exact), exact answers only for a task file. The taskset
+    # applies the same rule per line.
+    partial = isinstance(env, MathEnv) and not env.exact
     lines = []
     for index in task_order(profile.env.seed, env.size):
         task = env.task(index)

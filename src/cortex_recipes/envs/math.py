@@ -5,7 +5,8 @@ seed determine every problem, so nothing is downloaded and two runs see the same
 
 The answer is the first integer in the completion (the model answers in a few tokens, with no
 room for tags); it is scored by the dataset's ``score_answer`` (1.0 for the exact answer,
-partial credit when the oracle answer is a substring, else 0.0).
+partial credit when the oracle answer is a substring, else 0.0), or, with ``exact``, 1.0 for
+the exact answer and 0.0 otherwise.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class MathEnv:
         size: int,
         config: dict[str, Any] | None = None,
         instruction: str = "Answer with just the number.",
+        exact: bool = False,
     ):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)  # a dependency's import-time noise
@@ -53,6 +55,8 @@ class MathEnv:
 
         self.name = dataset
         self.instruction = instruction
+        #: score exact answers only (no partial credit): a profile's ``env.reward: exact``
+        self.exact = exact
         try:
             self.dataset = reasoning_gym.create_dataset(
                 dataset, seed=seed, size=size, **(config or {})
@@ -72,6 +76,8 @@ class MathEnv:
         return f"{task.question} {self.instruction}".strip()
 
     def score(self, task: MathTask, completion: str) -> float:
+        if self.exact:
+            return 1.0 if extract_answer(completion) == task.answer else 0.0
         return float(self.dataset.score_answer(extract_answer(completion), task.entry))
 
 

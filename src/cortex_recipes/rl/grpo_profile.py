@@ -114,6 +114,13 @@ class Env:
     config: dict[str, Any] | None = setting(None, doc="the dataset's generator settings")
     instruction: str | None = setting(None, doc="appended to every question")
     latency_s: float = setting(0.0, ge=0, doc="a simulated slow verifier, seconds per group")
+    reward: str = setting(
+        "dataset",
+        choices=("dataset", "exact"),
+        doc="dataset: the reasoning-gym dataset's own score_answer (partial credit when the "
+        "answer is a substring of the reply's first integer; exact for a task file); exact: "
+        "1.0 when the reply's first integer is the answer, else 0.0 (what the greedy eval counts)",
+    )
     tasks: str | None = setting(
         None,
         doc="training problems from a file (.json, .jsonl, .parquet; relative to the recipe "
@@ -189,7 +196,8 @@ class GRPOProfile(profiles.JourneyProfile):
         def build(field: str, tasks: str | None, seed: int, size: int):
             if tasks:
                 return TaskTableEnv(field, tasks, self.recipe_dir, size=size, **text)
-            return MathEnv(self.env.dataset, seed=seed, size=size, **extra)
+            exact = self.env.reward == "exact"
+            return MathEnv(self.env.dataset, seed=seed, size=size, exact=exact, **extra)
 
         env = build("env.tasks", self.env.tasks, self.env.seed, self.env.size)
         eval_env = build("eval.tasks", self.eval.tasks, self.eval.seed, self.eval.num_examples)
