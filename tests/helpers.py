@@ -22,3 +22,14 @@ def write_jsonl(path: Path, rows) -> Path:
 def python_m(module: str, *args: str) -> list[str]:
     """The command that runs ``module`` with this interpreter: ``python -m module args...``."""
     return [sys.executable, "-m", module, *args]
+
+
+def load_script(relative: str, name: str):
+    """A repository script that is not a package module (``ci/images.py``, a bench), loaded by
+    path as module ``name``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / relative)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import load_script
+
 pytestmark = pytest.mark.unit
 
-SPEC = importlib.util.spec_from_file_location(
-    "ci_images", Path(__file__).resolve().parents[2] / "ci" / "images.py"
-)
-images = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(images)
+images = load_script("ci/images.py", "ci_images")
 
 
 def test_two_builds_match_only_on_equal_known_ids():

@@ -4,19 +4,15 @@ checks and the in-process stand-in for the sampler's two SDK calls."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from tests.helpers import load_script
+
 pytestmark = pytest.mark.unit
 
-SPEC = importlib.util.spec_from_file_location(
-    "trl_side_by_side", Path(__file__).resolve().parents[2] / "bench" / "trl_side_by_side.py"
-)
-bench = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(bench)
+bench = load_script("bench/trl_side_by_side.py", "trl_side_by_side")
 
 
 def test_the_split_adds_up_to_the_total_and_takes_the_evaluations_out_of_start_up():
