@@ -4,14 +4,8 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
-import os
-import shlex
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -152,76 +146,6 @@ def _cmd_catalog_sync(args: argparse.Namespace) -> int:
     return 0
 
 
-CONNECTION_FILE_ENV = "CORTEX_CONNECTION_FILE"
-MOUNTED_CONNECTION = Path("/run/cortex/connection.json")
-
-
-def journey_command(root: Path, verb: str, journey_name: str, extra: list[str]) -> list[str]:
-    """``train``: the journey's entry point with its default config, on the local backend
-    unless a connection file is given ($CORTEX_CONNECTION_FILE or a file mounted at
-    /run/cortex/connection.json). ``smoke``: the smoke command from journeys.toml."""
-    from cortex_recipes import journeys
-
-    journey = journeys.get_journey(root, journey_name)
-    if verb == "smoke":
-        command = shlex.split(journey.smoke)
-        if command and command[0] in ("python", "python3"):
-            command[0] = sys.executable
-        return [*command, *extra]
-    command = [sys.executable, "-m", journey.entry_point, *extra]
-    mounted = ""
-    if not any(arg.startswith("connection=") for arg in extra):
-        mounted = os.environ.get(CONNECTION_FILE_ENV) or (
-            str(MOUNTED_CONNECTION) if MOUNTED_CONNECTION.is_file() else ""
-        )
-        if mounted:
-            command.append(f"connection={mounted}")
-    connections = [arg for arg in extra if arg.startswith("connection=")]
-    local = not mounted and all(arg == "connection=local" for arg in connections)
-    if local and not any(arg.startswith("profile=") for arg in extra):
-        chosen = gpu_train_profile(root, journey)
-        if chosen:
-            command.append(f"profile={chosen}")
-    return command
-
-
-def _gpu_device_present() -> bool:
-    """Whether an NVIDIA device is exposed to this machine or container (no torch import: the
-    CPU path pays nothing)."""
-    return Path("/dev/nvidiactl").exists() or Path("/proc/driver/nvidia/version").exists()
-
-
-def gpu_train_profile(root: Path, journey, *, cuda: bool | None = None) -> str | None:
-    """The config ``train`` runs when a GPU is visible: the journey's first local GPU profile
-    whose pinned weights verify (as ``qualify auto`` picks), as a path from ``root``; None (the
-    journey's default profile) otherwise. Says which and why in one log line either way."""
-    from cortex_recipes import journeys
-    from cortex_recipes.qualify import gpu_profiles
-    from cortex_recipes.qualify_command import _cuda_visible, weight_problems
-
-    recipe = journeys.load_recipe(journey.path(root) / "recipe.yaml")
-    if cuda is None:
-        cuda = _gpu_device_present() and _cuda_visible()
-    if not cuda:
-        log.info("train %s: its default profile (no GPU visible)", journey.name)
-        return None
-    reasons = []
-    for name in gpu_profiles(recipe):
-        problems = weight_problems(root, journey.name, name)
-        if not problems:
-            profile = next(p for p in recipe["profiles"] if p["name"] == name)
-            path = (journey.path(root) / profile["config"]).relative_to(root).as_posix()
-            log.info("train %s: profile %s (a GPU is visible and its weights verify)",
-                     journey.name, name)  # fmt: skip
-            return path
-        reasons.append(f"{name}: {problems[0]}")
-    log.warning(
-        "train %s: a GPU is visible but its default (CPU) profile runs: %s", journey.name,
-        "; ".join(reasons) or "the journey has no local GPU profile",
-    )  # fmt: skip
-    return None
-
-
 def _cmd_qualify(args: argparse.Namespace) -> int:
     from cortex_recipes.qualify_command import qualify
 
@@ -249,79 +173,14 @@ def version() -> str:
     return f"cortex-recipes {installed('cortex-recipes')} (cortex-training {sdk})"
 
 
-#: seconds a journey gets to stop after SIGTERM/SIGINT before it is killed: under the 10 s
-#: that `docker stop` waits before its SIGKILL
-STOP_GRACE_S = 8.0
-
-
-def run_stoppable(
-    command: list[str], cwd: Path, *, grace_s: float = STOP_GRACE_S, resume: str = ""
-) -> int:
-    """Run ``command`` and return its exit status; SIGTERM or SIGINT to this process stops it.
-
-    The journey runs in its own process group, so a Ctrl-C reaches it once, through here: it
-    gets SIGINT (its ``KeyboardInterrupt`` path stops its local backend) and ``grace_s``
-    seconds, then its group gets SIGKILL. What it saved before stays: checkpoints are written
-    atomically with manifests, and the local backend and prime-rl's processes exit with their
-    parent. Returns 128 + the signal's number when stopped, after one line on stderr naming
-    what resumes the run (``resume``). As a container's command (``docker stop`` signals the
-    init, which passes it here) the container stops within ``docker stop``'s 10 s."""
-    proc = subprocess.Popen(command, cwd=cwd, process_group=0)
-    received: list[tuple[int, float]] = []
-
-    def on_signal(signum: int, _frame: object) -> None:
-        if not received:
-            received.append((signum, time.monotonic()))
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGINT)
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        while True:
-            try:
-                returncode = proc.wait(timeout=0.1)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            if received and time.monotonic() - received[0][1] >= grace_s:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if not received:
-        return returncode
-    signum, at = received[0]
-    name = signal.Signals(signum).name
-    print(
-        f"stopped by {name} in {time.monotonic() - at:.1f} s; checkpoints saved before it are "
-        f"kept in the run folder, and {resume or 'the same command'} resumes from the newest",
-        file=sys.stderr,
-        flush=True,
-    )
-    return 128 + signum
-
-
-def resume_command(argv: list[str]) -> str:
-    """How to resume a stopped journey: the same command. In a journey image (the entrypoint
-    sets $CORTEX_JOURNEY) that is the same ``docker run``, and the run folder survives only
-    under a mounted /out (the entrypoint then sets $CORTEX_RECIPES_RUNS)."""
-    if os.environ.get("CORTEX_JOURNEY") and Path("/app/.image-build").is_file():
-        if os.environ.get("CORTEX_RECIPES_RUNS"):
-            return "the same `docker run` with the same /out mount"
-        return (
-            "`docker start` of this container (no directory is mounted at /out, so the run "
-            'folder is inside the container, gone with --rm; mount one, -v "$PWD/out:/out", '
-            "to keep runs)"
-        )
-    return "`" + shlex.join(["cortex-recipes", *argv]) + "`"
-
-
 def _cmd_journey(args: argparse.Namespace) -> int:
     root = _root(args)
-    command = journey_command(root, args.verb, args.journey, args.overrides)
+    from cortex_recipes import journey_runner
+
+    command = journey_runner.journey_command(root, args.verb, args.journey, args.overrides)
     log.info("running %s in %s", " ".join(command), root)
-    return run_stoppable(command, root, resume=resume_command(sys.argv[1:]))
+    resume = journey_runner.resume_command(sys.argv[1:])
+    return journey_runner.run_stoppable(command, root, resume=resume)
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -494,8 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
         root,
         description=(
             "train: python -m <entry point> [overrides], with connection=<file> added when "
-            f"${CONNECTION_FILE_ENV} is set or {MOUNTED_CONNECTION} exists; "
-            "smoke: the smoke command from journeys.toml. The exit code is the command's."
+            "$CORTEX_CONNECTION_FILE is set or /run/cortex/connection.json exists, and the "
+            "journey's GPU profile when a GPU is visible and its weights verify; "
+            "smoke: the smoke command from journeys.toml. The exit code is the command's; "
+            "SIGTERM or SIGINT stops it within 8 s (exit 128 + the signal)."
         ),
     )  # fmt: skip
     _add_command(

@@ -119,9 +119,6 @@ def repository_revision(root: Path) -> str:
     return revision if done.returncode == 0 and revision else "unknown"
 
 
-# --- collecting the records ---------------------------------------------------------------
-
-
 def _read(path: Path) -> tuple[dict[str, Any] | None, str]:
     try:
         data = json.loads(path.read_text())
@@ -210,9 +207,6 @@ def collect(root: Path) -> list[JourneyView]:
         records = _journey_records(root, journey, profiles, stale)
         views.append(JourneyView(journey, title, profiles, records))
     return views
-
-
-# --- rendering ----------------------------------------------------------------------------
 
 
 def _status(status: str, href: str = "", title: str = "") -> str:

@@ -36,7 +36,9 @@ JOURNEYS = {  # module, steps, overrides (the default profiles run SmolLM2: kept
 def wait_for_checkpoint(proc, run_dir, step: int, timeout: float = 600.0) -> None:
     deadline = time.monotonic() + timeout
     while step not in RunCheckpoints(run_dir / "checkpoints").steps():
-        assert proc.poll() is None, f"training exited early: {proc.stdout.read()[-3000:]}"
+        assert proc.poll() is None, "training exited early: " + (
+            proc.stdout.read()[-3000:] if proc.stdout else "(its output is in a file)"
+        )
         assert time.monotonic() < deadline, f"no checkpoint for step {step}"
         time.sleep(0.2)
 
@@ -72,30 +74,37 @@ def test_a_sigterm_stops_the_journey_command_and_the_same_command_resumes(tmp_pa
     """`cortex-recipes journey train` (the images' `train` verb) on SIGTERM: the journey and its
     local backend stop within `docker stop`'s 10 s, the command exits 143 naming what resumes
     it, the checkpoint saved before the signal is kept, and that command resumes from it."""
-    module, steps, overrides = JOURNEYS["sft"]
+    _, _, overrides = JOURNEYS["sft"]
+    steps = 6  # more than the stopped run can finish: the resume has steps left to train
     run_dir = tmp_path / "stopped"
     cli = [str(Path(sys.executable).with_name("cortex-recipes")), "journey", "train", "sft"]
     args = [f"{k}={v}" for k, v in {**overrides, "steps": steps, "ckpt_interval": 1,
                                     "log_path": run_dir}.items()]  # fmt: skip
-    proc = subprocess.Popen(
-        [*cli, *args, "--root", str(ROOT)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    # the output goes to a file, not a pipe: a pipe's end comes only when every process holding
+    # it (the backend too, which exits after the command) has closed it, and the time asked
+    # about is the command's own exit
+    log = tmp_path / "stopped.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [*cli, *args, "--root", str(ROOT)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         wait_for_checkpoint(proc, run_dir, 1)
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
         took = time.monotonic() - sent
     finally:
         if proc.poll() is None:
             proc.kill()
+    output = log.read_text()
     assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
     assert took <= 10.0, f"stopping took {took:.1f} s"
     assert "stopped by SIGTERM" in output and "resumes from the newest" in output
     assert "cortex-recipes journey train sft" in output
     kept = RunCheckpoints(run_dir / "checkpoints").steps()
     assert 1 in kept
+    assert max(m["step"] for m in metrics(run_dir)) < steps  # it stopped, it did not finish
     # no process of this run is left: the backend exits with the journey that started it
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from cortex_recipes import cli
+from cortex_recipes import journey_runner as cli
 from cortex_recipes.journeys import JourneyError
 from tests.helpers import ROOT, python_m
 
