@@ -356,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
             "$CORTEX_CONNECTION_FILE is set or /run/cortex/connection.json exists, and the "
             "journey's GPU profile when a GPU is visible and its weights verify; "
             "smoke: the smoke command from journeys.toml. The exit code is the command's; "
-            "SIGTERM or SIGINT stops it within 8 s (exit 128 + the signal)."
+            "SIGTERM or SIGINT stops it within 6 s (exit 128 + the signal)."
         ),
     )  # fmt: skip
     _add_command(

@@ -87,9 +87,10 @@ def gpu_train_profile(root: Path, journey, *, cuda: bool | None = None) -> str |
     return None
 
 
-#: seconds a journey gets to stop after SIGTERM/SIGINT before it is killed: under the 10 s
-#: that `docker stop` waits before its SIGKILL
-STOP_GRACE_S = 8.0
+#: seconds a journey gets to stop after SIGTERM/SIGINT before it is killed: well under the 10 s
+#: that `docker stop` waits before its SIGKILL (a journey stopped while its backend starts
+#: needs the kill; `podman stop` of tito's image then took 8.6 s with 8 s here, too close)
+STOP_GRACE_S = 6.0
 
 
 def run_stoppable(
