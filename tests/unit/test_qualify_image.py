@@ -104,7 +104,7 @@ def test_qualify_of_a_profile_with_unverified_weights_runs_nothing(monkeypatch, 
     def no_run(*args, **kwargs):
         raise AssertionError("nothing may run before the weights verify")
 
-    monkeypatch.setattr(cli.subprocess, "run", no_run)
+    monkeypatch.setattr(qualify_command.subprocess, "run", no_run)
     assert cli.main(["qualify", "opd", "local-gpu-qwen3-1.7b-to-0.6b", "--root", str(ROOT)]) == 2
     err = caplog.text
     assert "cortex-recipes models fetch Qwen/Qwen3-1.7B --pin" in err
