@@ -34,14 +34,14 @@ def journey_command(root: Path, verb: str, journey_name: str, extra: list[str]) 
             command[0] = sys.executable
         return [*command, *extra]
     command = [sys.executable, "-m", journey.entry_point, *extra]
+    connections = [arg for arg in extra if arg.startswith("connection=")]
     mounted = ""
-    if not any(arg.startswith("connection=") for arg in extra):
+    if not connections:
         mounted = os.environ.get(CONNECTION_FILE_ENV) or (
             str(MOUNTED_CONNECTION) if MOUNTED_CONNECTION.is_file() else ""
         )
         if mounted:
             command.append(f"connection={mounted}")
-    connections = [arg for arg in extra if arg.startswith("connection=")]
     local = not mounted and all(arg == "connection=local" for arg in connections)
     if local and not any(arg.startswith("profile=") for arg in extra):
         chosen = gpu_train_profile(root, journey)
@@ -61,7 +61,7 @@ def gpu_train_profile(root: Path, journey, *, cuda: bool | None = None) -> str |
     whose pinned weights verify (as ``qualify auto`` picks), as a path from ``root``; None (the
     journey's default profile) otherwise. Says which and why in one log line either way."""
     from cortex_recipes import journeys
-    from cortex_recipes.qualify import gpu_profiles
+    from cortex_recipes.qualify import gpu_profiles, select_profile
     from cortex_recipes.qualify_command import _cuda_visible, weight_problems
 
     recipe = journeys.load_recipe(journey.path(root) / "recipe.yaml")
@@ -70,20 +70,20 @@ def gpu_train_profile(root: Path, journey, *, cuda: bool | None = None) -> str |
     if not cuda:
         log.info("train %s: its default profile (no GPU visible)", journey.name)
         return None
-    reasons = []
-    for name in gpu_profiles(recipe):
-        problems = weight_problems(root, journey.name, name)
-        if not problems:
-            profile = next(p for p in recipe["profiles"] if p["name"] == name)
-            path = (journey.path(root) / profile["config"]).relative_to(root).as_posix()
-            log.info("train %s: profile %s (a GPU is visible and its weights verify)",
-                     journey.name, name)  # fmt: skip
-            return path
-        reasons.append(f"{name}: {problems[0]}")
-    log.warning(
-        "train %s: a GPU is visible but its default (CPU) profile runs: %s", journey.name,
-        "; ".join(reasons) or "the journey has no local GPU profile",
-    )  # fmt: skip
+    try:  # qualify's own choice: the first GPU profile whose weights verify
+        name, why = select_profile(
+            recipe, cuda=True, weights_ready=lambda n: weight_problems(root, journey.name, n)
+        )
+    except LookupError as exc:  # no GPU profile ready and no CPU qualification profile
+        name, why = "", str(exc)
+    if name in gpu_profiles(recipe):
+        profile = next(p for p in recipe["profiles"] if p["name"] == name)
+        log.info("train %s: profile %s (a GPU is visible and its weights verify)",
+                 journey.name, name)  # fmt: skip
+        return (journey.path(root) / profile["config"]).relative_to(root).as_posix()
+    reasons = why.split(": ", 1)[-1]  # select_profile's reasons after its own label
+    log.warning("train %s: a GPU is visible but its default (CPU) profile runs: %s",
+                journey.name, reasons)  # fmt: skip
     return None
 
 
