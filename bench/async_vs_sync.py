@@ -11,8 +11,19 @@ of steps. Each runs on its own fresh local backend. It prints the loop times and
 The synchronous loop time is its steps without backend start-up and the step-0 eval. The async
 loop time is the sum of the trainer adapter's ``time/step`` (the wait for each batch included,
 and so, in step 1, the wait for prime-rl's orchestrator and env-server to start; the evals are
-not). ``ratio_steps_2_on`` compares steps 2..N of both, once both loops run. prime-rl's taskset has no simulated verifier
-latency, so there is no latency sweep.
+not). ``ratio_steps_2_on`` compares steps 2..N of both, once both loops run.
+
+The latency sweep (``--latencies 0,1,2,4``) runs both loops once per value of
+``env.latency_s``: the seconds every rollout waits on its environment before it is scored, as
+a sandbox or tool call makes it wait. Rollouts wait concurrently in both loops, as a real
+environment server lets them: the synchronous loop waits once per step, after sampling and
+before training; the async journey's taskset waits inside each rollout on prime-rl's
+env-server, where the waits overlap each other, sampling and training. ``--set key=value``
+overrides the profile for both loops (e.g. a smaller batch), and ``--out FILE`` writes the
+results as JSON.
+
+    CORTEX_RECIPES_PRIMERL_PYTHON=... python bench/async_vs_sync.py --steps 6 \
+        --latencies 0,1,2,4 --out bench/results/<dir>/async_vs_sync_latency.json
 """
 
 from __future__ import annotations
@@ -28,17 +39,50 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the recipes pack
 
 DEFAULT_PROFILE = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
 ASYNC_KEYS = ("max_off_policy_steps", "max_inflight_groups")
+# The async profile's off-policy correction: on the synchronous loop's on-policy rollouts the
+# proximal, behaviour and current policies are one, so it is the identity there (and its
+# version-interpolated proximal policy needs per-row versions the sync loop does not send).
+CORRECTION_KEYS = ("use_decoupled_loss", "prox_logp_method", "behav_imp_weight_cap")
 CANCELLED = "primerl/train/agg/all/cancelled/mean"
 DROPPED = "primerl/off_policy/dropped"
+
+
+def profile_pair(
+    async_profile: Path, work: Path, overrides: dict, latency: float
+) -> tuple[Path, Path]:
+    """The async profile with ``overrides`` and ``env.latency_s`` applied, and its synchronous
+    twin (the same without the async-only orchestrator keys and checkpoints), both in ``work``."""
+    raw = json.loads(async_profile.read_text())
+    for dotted, value in overrides.items():
+        node = raw
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    raw.setdefault("env", {})["latency_s"] = latency
+    work.mkdir(parents=True, exist_ok=True)
+    async_path = work / "async-profile.json"
+    async_path.write_text(json.dumps(raw))
+    return async_path, sync_profile(async_path, work / "sync-profile.json")
 
 
 def sync_profile(async_profile: Path, out: Path) -> Path:
     raw = json.loads(async_profile.read_text())
     for key in ASYNC_KEYS:
         raw["orchestrator"].pop(key, None)
+    for key in CORRECTION_KEYS:
+        raw.get("loss", {}).pop(key, None)
     raw.pop("ckpt", None)
     out.write_text(json.dumps(raw))
     return out
+
+
+def parse_value(text: str):
+    """``--set`` values: JSON where it parses (numbers, true, lists), else the string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 def summarise(work: Path, steps: int) -> dict:
@@ -76,10 +120,38 @@ def summarise(work: Path, steps: int) -> dict:
     }
 
 
+def run_pair(profile: Path, work: Path, steps: int, overrides: dict, latency: float) -> dict:
+    """Both loops on fresh backends at one ``latency``; their comparison."""
+    from recipes.rl.async_grpo.train import Config as AsyncConfig
+    from recipes.rl.async_grpo.train import main as run_async
+    from recipes.rl.math_grpo.train import Config as SyncConfig
+    from recipes.rl.math_grpo.train import main as run_sync
+
+    async_path, sync_path = profile_pair(profile, work, overrides, latency)
+    run_sync(SyncConfig(profile=str(sync_path), log_path=str(work / "sync"), steps=steps))
+    run_async(
+        AsyncConfig(
+            profile=str(async_path),
+            log_path=str(work / "async"),
+            steps=steps,
+            if_exists="overwrite",
+        )  # fmt: skip
+    )
+    return {"env_latency_s": latency, **summarise(work, steps)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default=DEFAULT_PROFILE, help="an async_grpo profile")
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument(
+        "--latencies", default="0", help="comma-separated env.latency_s values (seconds)"
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="a profile override for both loops (dotted key), e.g. orchestrator.batch_size=16",
+    )  # fmt: skip
+    parser.add_argument("--out", help="also write the results to this JSON file")
     parser.add_argument(
         "--summarise", metavar="WORK", help="only print the comparison of a finished work folder"
     )
@@ -92,25 +164,39 @@ def main() -> None:
         return
 
     from cortex_recipes.primerl.launch import primerl_python
-    from recipes.rl.async_grpo.train import Config as AsyncConfig
-    from recipes.rl.async_grpo.train import main as run_async
-    from recipes.rl.math_grpo.train import Config as SyncConfig
-    from recipes.rl.math_grpo.train import main as run_sync
 
+    overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--set {item!r}: expected KEY=VALUE")
+        overrides[key] = parse_value(value)
+    latencies = [float(x) for x in args.latencies.split(",") if x.strip()]
+    if not latencies or any(x < 0 for x in latencies):
+        parser.error(f"--latencies {args.latencies!r}: seconds >= 0, comma-separated")
     primerl_python()  # fail closed before the synchronous run
     work = Path(tempfile.mkdtemp(prefix="bench-async-vs-sync-"))
-    sync_path = sync_profile(Path(args.profile), work / "sync-profile.json")
-    run_sync(SyncConfig(profile=str(sync_path), log_path=str(work / "sync"), steps=args.steps))
-    run_async(
-        AsyncConfig(
-            profile=args.profile,
-            log_path=str(work / "async"),
-            steps=args.steps,
-            if_exists="overwrite",
-        )
-    )
-    result = summarise(work, args.steps)
-    print(json.dumps({"profile": args.profile, "work": str(work), "result": result}, indent=2))
+    results = []
+    for latency in latencies:
+        result = run_pair(Path(args.profile), work / f"latency-{latency:g}", args.steps,
+                          overrides, latency)  # fmt: skip
+        results.append(result)
+        print(json.dumps(result), flush=True)
+    report = {
+        "profile": args.profile,
+        "overrides": overrides,
+        "steps": args.steps,
+        "work": str(work),
+        "ratio_by_latency": {
+            f"{r['env_latency_s']:g}": r["ratio_async_over_sync"] for r in results
+        },
+        "results": results,
+    }
+    text = json.dumps(report, indent=2)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+    print(text)
 
 
 if __name__ == "__main__":

@@ -161,10 +161,53 @@ def test_a_profile_without_max_off_policy_steps_belongs_to_math_grpo(tmp_path):
         train.main(train.Config(profile=sync, log_path=str(tmp_path / "run")))
 
 
-def test_the_prime_rl_taskset_has_no_latency_knob():
+def test_env_latency_reaches_the_taskset_of_both_prime_rl_configs(tmp_path):
+    """env.latency_s is the seconds every rollout waits on its environment: the orchestrator's
+    and the env-server's taskset tables carry it (absent at 0, the taskset's default)."""
     config = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
-    with pytest.raises(ValueError, match="env.latency_s=1.5"):
-        journey.check_dataset(load_grpo_profile(config, ["env.latency_s=1.5"]))
+    tasks = tmp_path / "tasks.jsonl"
+    for latency, expected in (("0", None), ("1.5", 1.5)):
+        profile = load_grpo_profile(config, [f"env.latency_s={latency}"])
+        orch = tomllib.loads(
+            journey.orchestrator_toml(
+                profile,
+                model_dir=Path("/m"),
+                base_url="http://127.0.0.1:9/v1",
+                output_dir=tmp_path,
+                port=5123,
+                max_steps=3,
+                tasks_path=tasks,
+            )  # fmt: skip
+        )
+        env_server = tomllib.loads(
+            journey.env_server_toml(profile, output_dir=tmp_path, port=5123, tasks_path=tasks)
+        )
+        for taskset in (orch["train"]["source"][0]["env"]["taskset"], env_server["env"]["taskset"]):
+            assert taskset.get("latency_s") == expected, (latency, taskset)
+            assert taskset["tasks_path"] == str(tasks)
+
+
+def test_the_taskset_refuses_a_latency_it_cannot_wait(tmp_path):
+    """The taskset's own check (loaded by path: verifiers v1 lives only in prime-rl's env)."""
+    module = _taskset_module_function("check_latency")
+    assert module(2) == 2.0 and module(0.0) == 0.0
+    for bad in (-1.0, float("nan"), float("inf"), "2"):
+        with pytest.raises(ValueError, match="latency_s="):
+            module(bad)
+
+
+def _taskset_module_function(name: str):
+    """One pure function of the taskset package, read from its source without importing
+    verifiers (the package's imports are not run; the function's own globals are math only)."""
+    import ast
+    import math
+
+    source = (journey.tasksets_dir() / "cortex_arith" / "__init__.py").read_text()
+    tree = ast.parse(source)
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    namespace: dict = {"math": math}
+    exec(compile(ast.Module([node], []), "cortex_arith", "exec"), namespace)  # noqa: S102
+    return namespace[name]
 
 
 def test_the_prime_rl_taskset_takes_a_task_file(tmp_path):

@@ -135,3 +135,40 @@ def test_the_command_line_splits_journey_settings_from_profile_overrides(capsys)
     out = capsys.readouterr().out
     assert "if_exists" in out and "resume | overwrite | fail" in out
     assert "learning_rate" in out and "eval.max_tokens" in out
+
+
+def test_grpo_lr_schedule_constant_and_linear():
+    """lr_schedule: constant keeps learning_rate; linear steps it down by lr/steps a step, the
+    same rule the sync loop and the async trainer adapter send with each step."""
+    from cortex_recipes.primerl.trainer import TrainerAdapter, TrainerAdapterConfig
+    from cortex_recipes.rl.grpo_profile import scheduled_learning_rate
+
+    constant = load_grpo_profile(ASYNC, ["learning_rate=0.002", "lr_schedule=constant"])
+    assert [constant.learning_rate_at(s, 4) for s in (1, 2, 3, 4)] == [0.002] * 4
+    linear = load_grpo_profile(ASYNC, ["learning_rate=0.002", "lr_schedule=linear"])
+    assert [linear.learning_rate_at(s, 4) for s in (1, 2, 3, 4)] == pytest.approx(
+        [0.002, 0.0015, 0.001, 0.0005], abs=1e-15
+    )
+    adapter = TrainerAdapter(
+        None,
+        TrainerAdapterConfig(
+            output_dir=Path("/nowhere"),
+            job_id="j",
+            max_steps=4,
+            pad_id=0,
+            learning_rate=0.002,
+            lr_schedule="linear",
+        ),  # fmt: skip
+    )
+    assert [adapter.learning_rate(s) for s in (1, 4)] == [
+        linear.learning_rate_at(s, 4) for s in (1, 4)
+    ]
+    unset = TrainerAdapter(
+        None, TrainerAdapterConfig(output_dir=Path("/o"), job_id="j", max_steps=4, pad_id=0)
+    )
+    assert unset.learning_rate(2) is None  # the job's optimizer lr
+    with pytest.raises(ProfileError, match="lr_schedule"):
+        load_grpo_profile(ASYNC, ["lr_schedule=cosine"])
+    for bad_step in (0, 5):
+        with pytest.raises(ValueError, match=f"step={bad_step} is outside 1..4"):
+            scheduled_learning_rate(0.1, "linear", bad_step, 4)

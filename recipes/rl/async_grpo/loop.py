@@ -91,17 +91,11 @@ TASKS_FILE = "tasks.jsonl"
 
 def check_dataset(profile) -> None:
     """The prime-rl taskset scores the first integer of the reply against an integer answer:
-    reasoning-gym's ``basic_arithmetic``, or a task file (``env.tasks``, integer answers). It
-    has no simulated verifier latency."""
+    reasoning-gym's ``basic_arithmetic``, or a task file (``env.tasks``, integer answers)."""
     if profile.env.tasks is None and profile.env.dataset != "basic_arithmetic":
         raise ValueError(
             f"env.dataset={profile.env.dataset!r}: the prime-rl path's taskset scores integer "
             "answers ('basic_arithmetic', or a task file in env.tasks)"
-        )
-    if profile.env.latency_s:
-        raise ValueError(
-            f"env.latency_s={profile.env.latency_s!r}: the prime-rl path's taskset has no "
-            "simulated latency (set it to 0; Math GRPO's loop has one)"
         )
 
 
@@ -136,9 +130,13 @@ def write_tasks(profile, path: Path) -> Path:
 
 
 def taskset_settings(profile, tasks_path: Path) -> dict[str, Any]:
-    """The ``cortex-arith`` taskset's settings: the problems file :func:`write_tasks` wrote."""
+    """The ``cortex-arith`` taskset's settings: the problems file :func:`write_tasks` wrote and
+    ``env.latency_s``, what every rollout waits on its environment before it is scored."""
     check_dataset(profile)
-    return {"id": "cortex-arith", "tasks_path": str(tasks_path)}
+    settings: dict[str, Any] = {"id": "cortex-arith", "tasks_path": str(tasks_path)}
+    if profile.env.latency_s:
+        settings["latency_s"] = float(profile.env.latency_s)
+    return settings
 
 
 def renderer_name(model: str) -> str:
@@ -558,6 +556,7 @@ def adapters(client, job_id: str, profile, output_dir: Path, *, max_steps: int, 
             pad_id=pad_id,
             loss_config=profile.loss_config(),
             learning_rate=learning_rate,
+            lr_schedule=profile.lr_schedule,
             **trainer_options,
         ),  # fmt: skip
     )

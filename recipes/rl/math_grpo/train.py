@@ -60,6 +60,7 @@ class MathGRPO:
         self.pad_id = frames.pad_id(self.tokenizer)
         self.env, self.eval_env = profile.envs()
         self.order = task_order(profile.env.seed, self.env.size)
+        self.steps = config.steps_for(profile)
         self.latency = config.env_latency_s if config.env_latency_s >= 0 else profile.env.latency_s
         self.written = completions.RolloutWriter(
             run.path, self.tokenizer, rate=config.rollouts_rate
@@ -111,11 +112,13 @@ class MathGRPO:
                 rollouts=group.rollouts, rewards=group.rewards,
             )  # fmt: skip
         if self.latency:
-            time.sleep(self.latency)  # the verifier scores all groups of the step concurrently
+            time.sleep(self.latency)  # every rollout waits on its environment, all concurrently
         t_sampled = time.monotonic()
         # 3-5. Train on the batch, step, and put the new weights on the sampler.
         frame, stats = grpo_frame(groups, self.pad_id, profile.loss_config())
-        result, _ = self.trainer.train_step(frame)
+        result, _ = self.trainer.train_step(
+            frame, learning_rate=profile.learning_rate_at(step, self.steps)
+        )
         self.trainer.sync()
         return {
             "loss": result["avg_loss"],

@@ -36,6 +36,7 @@ from typing import Any
 from cortex_recipes import frames, save_results
 from cortex_recipes.primerl import broadcasts, step_records
 from cortex_recipes.primerl.rollout_files import RolloutFileError, Sample, read_rows, rollout_path
+from cortex_recipes.rl.grpo_profile import LR_SCHEDULES, scheduled_learning_rate
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,9 @@ class TrainerAdapterConfig:
     pad_id: int  # frames.pad_id(tokenizer): the one pad-id rule
     loss_config: dict[str, Any] = field(default_factory=dict)
     learning_rate: float | None = None
+    # the profile's lr_schedule over max_steps (grpo_profile.scheduled_learning_rate); a
+    # learning_rate of None leaves the job's optimizer lr on every step
+    lr_schedule: str = "constant"
     rank: int = 0
     poll_s: float = 0.1
     # prime-rl's orchestrator waits up to 1200 s for the trainer's first version; the same
@@ -267,6 +271,14 @@ class TrainerAdapter:
             log.warning("last step %d: version %d was not applied; stepping anyway", step, step - 1)
             return time.monotonic() - t0
 
+    def learning_rate(self, step: int) -> float | None:
+        config = self.config
+        if config.learning_rate is None:
+            return None
+        return scheduled_learning_rate(
+            config.learning_rate, config.lr_schedule, step, config.max_steps
+        )
+
     def train_step(self, step: int) -> dict[str, Any]:
         config, job_id = self.config, self.config.job_id
         if self.version != step - 1:
@@ -295,7 +307,7 @@ class TrainerAdapter:
         broadcasts.write_live(self.output_dir, step - 1, "stepping", job_id)
         t_opt = time.monotonic()
         stepped = self.client.poll_request(
-            job_id, self.client.step(job_id, learning_rate=config.learning_rate)
+            job_id, self.client.step(job_id, learning_rate=self.learning_rate(step))
         )
         self.train_intervals.append((t_opt, time.monotonic()))
         train_s = time.monotonic() - t_train - synced
@@ -317,6 +329,7 @@ class TrainerAdapter:
                 if key in (result.get("metrics") or {})
             },
             "grad_norm": (stepped or {}).get("grad_norm"),
+            "lr": self.learning_rate(step),
             **stats,
             "time/wait_for_batch": round(waited, 3),
             "time/wait_for_sync": round(synced, 3),
@@ -365,6 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--pad-id", type=int, required=True, help="frames.pad_id of the model's tokenizer"
     )
     parser.add_argument("--learning-rate", type=float, default=None)
+    parser.add_argument("--lr-schedule", default="constant", choices=LR_SCHEDULES)
     parser.add_argument("--loss-config", default="{}", help="grpo processor config (JSON)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -374,6 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_steps=args.max_steps,
         pad_id=args.pad_id,
         learning_rate=args.learning_rate,
+        lr_schedule=args.lr_schedule,
         loss_config=json.loads(args.loss_config),
     )
     with (

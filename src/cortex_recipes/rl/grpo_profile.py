@@ -22,6 +22,20 @@ from cortex_recipes.profiles import Ckpt, setting
 from cortex_recipes.sub_jobs import batch_problem
 
 WEIGHT_FORMATS = ("hf", "lora")
+LR_SCHEDULES = ("constant", "linear")
+
+
+def scheduled_learning_rate(base: float, schedule: str, step: int, steps: int) -> float:
+    """The learning rate of optimiser step ``step`` (1-based) of ``steps``: ``constant`` keeps
+    ``base``; ``linear`` decays it by ``base / steps`` a step, ``base`` at step 1 to
+    ``base / steps`` at the last (sent with each step as ``step(learning_rate=...)``)."""
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"lr_schedule={schedule!r}; one of {list(LR_SCHEDULES)}")
+    if not 1 <= step <= steps:
+        raise ValueError(f"step={step} is outside 1..{steps}")
+    if schedule == "constant":
+        return base
+    return base * (1.0 - (step - 1) / steps)
 
 
 @dataclass(frozen=True)
@@ -113,7 +127,12 @@ class Env:
     size: int = setting(gt=0, doc="problems in the training set")
     config: dict[str, Any] | None = setting(None, doc="the dataset's generator settings")
     instruction: str | None = setting(None, doc="appended to every question")
-    latency_s: float = setting(0.0, ge=0, doc="a simulated slow verifier, seconds per group")
+    latency_s: float = setting(
+        0.0,
+        ge=0,
+        doc="a simulated slow environment: seconds every rollout waits before it is scored "
+        "(like a sandbox or tool call; rollouts wait concurrently)",
+    )
     reward: str = setting(
         "dataset",
         choices=("dataset", "exact"),
@@ -153,6 +172,12 @@ class GRPOProfile(profiles.JourneyProfile):
     env: Env = setting(doc="the training environment")
     weight_format: str = setting("hf", choices=WEIGHT_FORMATS, doc="weight sync format")
     loss: Loss = setting(default_factory=Loss, doc="the grpo processor's settings")
+    lr_schedule: str = setting(
+        "constant",
+        choices=LR_SCHEDULES,
+        doc="constant: learning_rate every step; linear: decayed from learning_rate at step 1 "
+        "by learning_rate/steps a step",
+    )
     eval: Eval = setting(default_factory=Eval, doc="greedy evaluation")
     ckpt: Ckpt | None = setting(None, doc="resumable checkpoints")
 
@@ -205,6 +230,10 @@ class GRPOProfile(profiles.JourneyProfile):
 
     def loss_config(self) -> dict[str, Any]:
         return self.loss.as_config()
+
+    def learning_rate_at(self, step: int, steps: int) -> float:
+        """Step ``step``'s learning rate under ``lr_schedule`` in a run of ``steps`` steps."""
+        return scheduled_learning_rate(self.learning_rate, self.lr_schedule, step, steps)
 
     def sub_jobs(self) -> list:
         """Trainer and sampler on the same model (the sampler gets any LoRA shape)."""

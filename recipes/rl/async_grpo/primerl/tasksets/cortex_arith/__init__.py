@@ -7,12 +7,16 @@ of ``{"prompt", "answer", "partial_credit"}`` that the journey writes from the p
 reasoning-gym dataset (``primerl/tasks.jsonl`` in the run): the same problems and prompts the
 synchronous Math GRPO example trains on and the greedy eval uses. Reward: Math GRPO's training
 reward (``scoring.py``): the reply's first integer against the answer, with reasoning-gym's
-partial credit where Math GRPO gives it. The greedy eval counts only exact answers. A reply
+partial credit where Math GRPO gives it, after ``latency_s`` seconds of waiting (a simulated
+slow environment, like a sandbox or tool call: the env-server's event loop runs the waits of
+all rollouts in flight concurrently). The greedy eval counts only exact answers. A reply
 such as "8 + 3 = 11" scores 0 under both; a taskset that scored the last integer taught exactly
 that format, which the eval then failed.
 """
 
+import asyncio
 import json
+import math
 from pathlib import Path
 
 import httpx
@@ -51,6 +55,7 @@ def read_tasks(path: str) -> list[tuple[str, str, bool]]:
 class ArithData(vf.TaskData):
     answer: str
     partial_credit: bool = False
+    latency_s: float = 0.0
 
 
 class ArithTask(vf.Task[ArithData]):
@@ -60,18 +65,30 @@ class ArithTask(vf.Task[ArithData]):
 
     @vf.reward(weight=1.0)
     async def correct(self, trace: vf.Trace) -> float:
+        if self.data.latency_s:
+            await asyncio.sleep(self.data.latency_s)
         return score(trace.last_reply, self.data.answer, self.data.partial_credit)
 
 
 class ArithConfig(vf.TasksetConfig):
     tasks_path: str = ""
+    latency_s: float = 0.0
+
+
+def check_latency(value: float) -> float:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+        raise ValueError(f"latency_s={value!r}; a finite number of seconds >= 0")
+    return float(value)
 
 
 class ArithTaskset(vf.Taskset[ArithTask, ArithConfig]):
     def load(self) -> list[ArithTask]:
+        latency = check_latency(self.config.latency_s)
         return [
             ArithTask(
-                ArithData(idx=i, prompt=prompt, answer=answer, partial_credit=partial),
+                ArithData(
+                    idx=i, prompt=prompt, answer=answer, partial_credit=partial, latency_s=latency
+                ),
                 self.config.task,
             )
             for i, (prompt, answer, partial) in enumerate(read_tasks(self.config.tasks_path))
