@@ -388,3 +388,17 @@ def test_an_exact_reward_gives_no_partial_credit_and_an_unknown_one_is_refused()
     assert eval_env.exact  # the eval set is scored the same way
     with pytest.raises(ProfileError, match="env.reward.*'partial'.*dataset, exact"):
         load_grpo_profile(config, ["env.reward=partial"])
+
+
+def test_math_grpo_refuses_the_version_interpolated_correction_before_anything_starts(tmp_path):
+    """An async profile's loglinear proximal policy needs per-rollout versions the synchronous
+    loop does not send: one message naming the field, no backend, no run folder."""
+    from recipes.rl.math_grpo import train
+
+    config = train.Config(
+        log_path=str(tmp_path / "run"),
+        overrides=("loss.use_decoupled_loss=true", "loss.prox_logp_method=loglinear"),
+    )
+    with pytest.raises(train.ProfileError, match="loss.prox_logp_method='loglinear'"):
+        train.main(config)
+    assert not (tmp_path / "run").exists()

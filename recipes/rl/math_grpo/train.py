@@ -164,6 +164,14 @@ def main(config: Config) -> dict:
             f"{config.profile} sets orchestrator.max_off_policy_steps: asynchronous profiles "
             "belong to recipes/rl/async_grpo"
         )
+    loss = profile.loss
+    if loss.use_decoupled_loss and loss.prox_logp_method == "loglinear":
+        raise ProfileError(
+            "loss.prox_logp_method='loglinear' interpolates the proximal policy by each "
+            "rollout's policy version, an async setting: the synchronous loop trains on-policy "
+            "rollouts and sends no versions (use prox_logp_method=recompute, or drop "
+            "loss.use_decoupled_loss, which is the identity on on-policy rollouts)"
+        )
     run = config.open_run("math_grpo", profile)
     if run.finished:
         return run.finished
