@@ -37,6 +37,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the recipes package
 
+from cortex_recipes.profiles import apply_overrides, parse_value  # noqa: E402
+from cortex_recipes.rl.grpo_profile import GRPOProfile  # noqa: E402
+
 DEFAULT_PROFILE = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
 ASYNC_KEYS = ("max_off_policy_steps", "max_inflight_groups")
 # The async profile's off-policy correction: on the synchronous loop's on-policy rollouts the
@@ -48,18 +51,13 @@ DROPPED = "primerl/off_policy/dropped"
 
 
 def profile_pair(
-    async_profile: Path, work: Path, overrides: dict, latency: float
+    async_profile: Path, work: Path, overrides: list[str], latency: float
 ) -> tuple[Path, Path]:
-    """The async profile with ``overrides`` and ``env.latency_s`` applied, and its synchronous
-    twin (the same without the async-only orchestrator keys and checkpoints), both in ``work``."""
+    """The async profile with the ``key=value`` ``overrides`` (checked as the command line's
+    are) and ``env.latency_s`` applied, and its synchronous twin (the same without the
+    async-only orchestrator keys and checkpoints), both in ``work``."""
     raw = json.loads(async_profile.read_text())
-    for dotted, value in overrides.items():
-        node = raw
-        *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    raw.setdefault("env", {})["latency_s"] = latency
+    raw = apply_overrides(GRPOProfile, raw, [*overrides, f"env.latency_s={latency}"], "--set")
     work.mkdir(parents=True, exist_ok=True)
     async_path = work / "async-profile.json"
     async_path.write_text(json.dumps(raw))
@@ -75,14 +73,6 @@ def sync_profile(async_profile: Path, out: Path) -> Path:
     raw.pop("ckpt", None)
     out.write_text(json.dumps(raw))
     return out
-
-
-def parse_value(text: str):
-    """``--set`` values: JSON where it parses (numbers, true, lists), else the string."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
 
 
 def summarise(work: Path, steps: int) -> dict:
@@ -120,7 +110,7 @@ def summarise(work: Path, steps: int) -> dict:
     }
 
 
-def run_pair(profile: Path, work: Path, steps: int, overrides: dict, latency: float) -> dict:
+def run_pair(profile: Path, work: Path, steps: int, overrides: list[str], latency: float) -> dict:
     """Both loops on fresh backends at one ``latency``; their comparison."""
     from recipes.rl.async_grpo.train import Config as AsyncConfig
     from recipes.rl.async_grpo.train import main as run_async
@@ -170,7 +160,7 @@ def main() -> None:
         key, sep, value = item.partition("=")
         if not sep or not key:
             parser.error(f"--set {item!r}: expected KEY=VALUE")
-        overrides[key] = parse_value(value)
+        overrides[key] = parse_value(value)  # for the report; the profiles take args.set
     latencies = [float(x) for x in args.latencies.split(",") if x.strip()]
     if not latencies or any(x < 0 for x in latencies):
         parser.error(f"--latencies {args.latencies!r}: seconds >= 0, comma-separated")
@@ -179,7 +169,7 @@ def main() -> None:
     results = []
     for latency in latencies:
         result = run_pair(Path(args.profile), work / f"latency-{latency:g}", args.steps,
-                          overrides, latency)  # fmt: skip
+                          args.set, latency)  # fmt: skip
         results.append(result)
         print(json.dumps(result), flush=True)
     report = {

@@ -18,7 +18,7 @@ PROFILE = ROOT / "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
 
 
 def test_both_profiles_wait_the_same_latency_and_take_the_same_overrides(tmp_path: Path):
-    overrides = {"orchestrator.batch_size": 16, "orchestrator.max_inflight_groups": 2}
+    overrides = ["orchestrator.batch_size=16", "orchestrator.max_inflight_groups=2"]
     async_path, sync_path = bench.profile_pair(PROFILE, tmp_path, overrides, 2.0)
     async_profile, sync_profile = load_grpo_profile(async_path), load_grpo_profile(sync_path)
     assert async_profile.is_async and not sync_profile.is_async
