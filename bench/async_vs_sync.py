@@ -11,7 +11,9 @@ of steps. Each runs on its own fresh local backend. It prints the loop times and
 The synchronous loop time is its steps without backend start-up and the step-0 eval. The async
 loop time is the sum of the trainer adapter's ``time/step`` (the wait for each batch included,
 and so, in step 1, the wait for prime-rl's orchestrator and env-server to start; the evals are
-not). ``ratio_steps_2_on`` compares steps 2..N of both, once both loops run.
+not). ``ratio_steps_2_on`` compares steps 2..N of both, once both loops run, and
+``ratio_end_to_end`` the two commands as a user waits for them (start-up, the evaluations
+before and after training, saves: everything).
 
 The latency sweep (``--latencies 0,1,2,4``) runs both loops once per value of
 ``env.latency_s``: the seconds every rollout waits on its environment before it is scored, as
@@ -33,6 +35,7 @@ import json
 import logging
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the recipes package
@@ -118,7 +121,9 @@ def run_pair(profile: Path, work: Path, steps: int, overrides: list[str], latenc
     from recipes.rl.math_grpo.train import main as run_sync
 
     async_path, sync_path = profile_pair(profile, work, overrides, latency)
+    t0 = time.monotonic()
     run_sync(SyncConfig(profile=str(sync_path), log_path=str(work / "sync"), steps=steps))
+    t1 = time.monotonic()
     run_async(
         AsyncConfig(
             profile=str(async_path),
@@ -127,7 +132,11 @@ def run_pair(profile: Path, work: Path, steps: int, overrides: list[str], latenc
             if_exists="overwrite",
         )  # fmt: skip
     )
-    return {"env_latency_s": latency, **summarise(work, steps)}
+    t2 = time.monotonic()
+    # The whole command each: backend start-up, both evaluations, training, saves, shutdown.
+    whole = {"sync_end_to_end_s": round(t1 - t0, 1), "async_end_to_end_s": round(t2 - t1, 1)}
+    whole["ratio_end_to_end"] = round(whole["async_end_to_end_s"] / whole["sync_end_to_end_s"], 3)
+    return {"env_latency_s": latency, **summarise(work, steps), **whole}
 
 
 def main() -> None:
@@ -179,6 +188,9 @@ def main() -> None:
         "work": str(work),
         "ratio_by_latency": {
             f"{r['env_latency_s']:g}": r["ratio_async_over_sync"] for r in results
+        },
+        "ratio_end_to_end_by_latency": {
+            f"{r['env_latency_s']:g}": r["ratio_end_to_end"] for r in results
         },
         "results": results,
     }

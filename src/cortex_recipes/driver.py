@@ -92,7 +92,42 @@ class Schedule:
 
 def step_line(record: dict[str, Any], keys: Sequence[tuple[str, str]]) -> str:
     """A step's log line: ``key value`` for each ``(key, format spec)`` the record holds."""
-    return " ".join(f"{key} {record[key]:{spec}}" for key, spec in keys if key in record)
+    return " ".join(
+        f"{key} {record[key]:{spec}}" for key, spec in keys if record.get(key) is not None
+    )
+
+
+def record_step(
+    run: Run,
+    record: dict[str, Any],
+    total: int,
+    log_keys: Sequence[tuple[str, str]],
+    *,
+    schema: str | None = None,
+) -> None:
+    """Record one step the way every journey does: ``record`` (with its ``step``) checked
+    against the metrics schema (``schema``, default the journey's) and written to
+    ``metrics.jsonl``, the trackers and the progress display (:meth:`Run.record_metrics`), then
+    the step's log line (``log_keys``: :func:`step_line`)."""
+    run.record_metrics(record, schema=schema)
+    log.info("step %d/%d %s", record["step"], total, step_line(record, log_keys))
+
+
+def next_steps(run_dir: str, *, export_extra: str | None = None) -> list[str]:
+    """What a person reads after a run's result: where the run lives, how to export its
+    weights (``export_extra``: the journey's uv extra, for journeys whose last save is an
+    exportable model), and how to resume or retrain it."""
+    lines = [f"run directory: {run_dir} (metrics.jsonl, summary.json, debug.log)"]
+    if export_extra:
+        lines.append(
+            f"export it: python3 -m uv run --frozen --extra {export_extra} cortex-recipes "
+            f"export {run_dir} <out dir>   (a from_pretrained / PEFT directory)"
+        )
+    lines.append(
+        "rerun the same command to resume it (or return it when finished); "
+        "if_exists=overwrite trains again"
+    )
+    return lines
 
 
 class Algorithm(Protocol):
@@ -146,8 +181,7 @@ def drive(
             record["time/step"] = round(time.monotonic() - t0, 3)
             if schedule.evaluates(step):
                 record.update(algorithm.evaluate(step))
-            run.metrics(**record)
-            log.info("step %d/%d %s", step, schedule.steps, step_line(record, algorithm.log_keys))
+            record_step(run, record, schedule.steps, algorithm.log_keys)
             if schedule.saves(step):
                 trainer.save_resumable(step, algorithm.state())
             if schedule.stop_after and schedule.stop_after <= step < schedule.steps:

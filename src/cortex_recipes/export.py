@@ -15,7 +15,9 @@ Two layouts are read:
 
 ``merge_lora`` folds a LoRA adapter into the base weights and writes a plain model. Nothing
 is unpickled: weights are safetensors, metadata is JSON. ``export.json`` in the output
-records where it came from.
+records where it came from. An adapter's ``adapter_config.json`` names its base model as the
+run named it (``meta.json`` ``model_name``: a Hub name, or a fixture name that
+``resolve_model_path`` builds), never a cache path of this machine.
 """
 
 from __future__ import annotations
@@ -100,6 +102,8 @@ def export_checkpoint(
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
         kind = "peft-adapter" if lora and not merge_lora else "hf-model"
+    if kind == "peft-adapter":
+        _name_the_base(out / "adapter_config.json", meta.get("model_name"))
     record = {
         "source": str(directory),
         "checkpoint_id": meta.get("checkpoint_id"),
@@ -112,6 +116,18 @@ def export_checkpoint(
     (out / "export.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     log.info("exported %s to %s as %s", directory, out, kind)
     return record
+
+
+def _name_the_base(config_path: Path, model_name: str | None) -> None:
+    """An exported adapter names its base model as the run named it (a Hugging Face Hub name,
+    or one of this project's offline fixtures, which ``resolve_model_path`` builds), not the
+    directory it happened to be loaded from on this machine: the adapter stays loadable where
+    that path does not exist."""
+    if not model_name or not config_path.is_file():
+        return
+    config = json.loads(config_path.read_text())
+    config["base_model_name_or_path"] = model_name
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def _materialise(directory: Path, meta: dict[str, Any], lora: bool):

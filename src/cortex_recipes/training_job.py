@@ -15,6 +15,19 @@ from cortex_recipes.run import Run
 log = logging.getLogger(__name__)
 
 
+def save_resume_point(
+    run: Run, step: int, state: dict[str, Any], trainer: dict[str, Any], **line: Any
+) -> None:
+    """The run's resume point at ``step``, in the one format every journey writes and
+    :meth:`cortex_recipes.run.RunCheckpoints.load` reads back: ``state`` with the run's config
+    hash and ``trainer`` (the resumable trainer checkpoint: ``job_id``, ``checkpoint_id``,
+    ``stage_path``) in ``checkpoints/step_N/state.json``, then its ``checkpoints.jsonl`` line
+    (with ``line``, what else the journey records about the save). The state is written first:
+    a run killed between the two resumes from it and logs nothing twice."""
+    run.checkpoints.save(step, {**state, "config_hash": run.config_hash, "trainer": trainer})
+    run.checkpoint(step=step, checkpoint_type="resumable", **trainer, **line)
+
+
 class Trainer:
     """A job's training sub-job: the train step, the weight sync and the saves, in one place."""
 
@@ -72,13 +85,8 @@ class Trainer:
             self.poll(self.client.save(self.job_id, checkpoint_type="resumable")), "resumable"
         )
         trainer = {"job_id": self.job_id, **{k: saved[k] for k in ("checkpoint_id", "stage_path")}}
-        self.run.checkpoints.save(
-            step, {**state, "config_hash": self.run.config_hash, "trainer": trainer}
-        )
         seconds = round(time.monotonic() - t0, 3)
-        self.run.checkpoint(
-            step=step, checkpoint_type="resumable", **trainer, **{"time/save_ckpt": seconds}
-        )
+        save_resume_point(self.run, step, state, trainer, **{"time/save_ckpt": seconds})
 
     def load(self, checkpoint: dict[str, Any], *, sync: bool = True) -> None:
         """Load a resume state's trainer checkpoint (and, by default, sync the sampler)."""

@@ -36,6 +36,7 @@ from cortex_recipes.envs.glossary import (
     GlossaryToolsetConfig,
     tool_specs,
 )
+from cortex_recipes.gateway import Gateway, create_gateway_app, derived_seed
 from cortex_recipes.models import resolve_model_path
 from cortex_recipes.supervision import make_renderer
 from cortex_recipes.tito.episode import (
@@ -44,7 +45,6 @@ from cortex_recipes.tito.episode import (
     check_extension,
     run_episode,
 )
-from cortex_recipes.tito.gateway import Gateway, create_gateway_app, derived_seed
 from cortex_recipes.tito.prefix import TemplateExtensionError, check_linear_history
 from cortex_recipes.tito.training import demonstration, episode_frame, wire_tools
 

@@ -87,6 +87,9 @@ def test_lora_export_loads_with_peft_and_merged_export_with_from_pretrained(clie
     adapter_out, merged_out = tmp_path / "adapter", tmp_path / "merged"
     export_checkpoint(stage_dir(saved), adapter_out)
     assert (adapter_out / "adapter_config.json").is_file()
+    # the base model as the run named it, not this machine's cache path
+    config = json.loads((adapter_out / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == TINY
     base = AutoModelForCausalLM.from_pretrained(resolve_model_path(TINY), local_files_only=True)
     assert hf_greedy(PeftModel.from_pretrained(base, adapter_out)) == expected
     assert cli.main(["export", str(stage_dir(saved)), str(merged_out), "--merge-lora"]) == 0

@@ -30,12 +30,12 @@ import msgspec
 import requests
 from openai import AsyncOpenAI
 
+from cortex_recipes.gateway import Gateway
 from cortex_recipes.models import resolve_model_path
 from cortex_recipes.primerl import broadcasts
 from cortex_recipes.primerl.inference import InferenceAdapter
 from cortex_recipes.primerl.rollout_files import MicroBatch, rollout_path
 from cortex_recipes.primerl.trainer import TrainerAdapter, TrainerAdapterConfig
-from cortex_recipes.tito.gateway import Gateway
 from tests.e2e.conftest import TINY, inference, start, training
 
 pytestmark = pytest.mark.e2e

@@ -24,13 +24,13 @@ from tests import extras
 
 pytest.importorskip("msgspec", reason=extras.reason("grpo"))
 
+from cortex_recipes.gateway import Gateway
 from cortex_recipes.models import resolve_model_path
 from cortex_recipes.primerl import broadcasts, step_records
+from cortex_recipes.primerl.configs import HARNESS as harness
 from cortex_recipes.primerl.inference import InferenceAdapter
 from cortex_recipes.primerl.launch import ENV_VAR, script_command
 from cortex_recipes.primerl.trainer import TrainerAdapter, TrainerAdapterConfig
-from cortex_recipes.tito.gateway import Gateway
-from recipes.rl.async_grpo.loop import HARNESS as harness
 from recipes.rl.async_grpo.loop import tasksets_dir
 from tests.e2e.conftest import TINY, inference, start, training
 

@@ -13,6 +13,7 @@ from tests import extras
 
 pytest.importorskip("msgspec", reason=extras.reason("grpo"))
 
+from cortex_recipes.primerl import configs, records
 from cortex_recipes.rl.grpo import task_order
 from cortex_recipes.rl.grpo_profile import load_grpo_profile
 from recipes.rl.async_grpo import loop as journey
@@ -23,7 +24,7 @@ SMOKE = "recipes/rl/async_grpo/configs/local-cpu-tiny-qwen3-smoke.json"
 
 def test_orchestrator_toml_carries_the_profile():
     profile = load_grpo_profile(SMOKE)
-    text = journey.orchestrator_toml(
+    text = configs.orchestrator_toml(
         profile, model_dir=Path("/m/tiny"), base_url="http://127.0.0.1:9/v1",
         output_dir=Path("/o"), port=5123, max_steps=3, tasks_path=Path("/o/tasks.jsonl"),
     )  # fmt: skip
@@ -35,7 +36,7 @@ def test_orchestrator_toml_carries_the_profile():
     assert orch["seq_len"] == profile.max_seq_len
     assert orch["model"] == {
         "name": "/m/tiny",
-        "client": {"base_url": "http://127.0.0.1:9/v1", "api_key_var": journey.API_KEY_VAR},
+        "client": {"base_url": "http://127.0.0.1:9/v1", "api_key_var": configs.API_KEY_VAR},
     }
     assert orch["renderer"] == {"name": "qwen3"}
     episodes = profile.orchestrator.max_inflight_groups * profile.orchestrator.group_size
@@ -49,7 +50,7 @@ def test_orchestrator_toml_carries_the_profile():
     assert source["env"]["agent"]["runtime"] == {"type": "subprocess"}
     assert source["serve"]["address"] == "tcp://127.0.0.1:5123"
     env = tomllib.loads(
-        journey.env_server_toml(
+        configs.env_server_toml(
             profile, output_dir=Path("/e"), port=5123, tasks_path=Path("/o/tasks.jsonl")
         )
     )
@@ -58,17 +59,17 @@ def test_orchestrator_toml_carries_the_profile():
 
 
 def test_a_smollm2_profile_renders_with_its_own_chat_template():
-    assert journey.renderer_name("smollm2-135m-instruct") == "default"
-    assert journey.renderer_name("Qwen/Qwen3-0.6B") == "qwen3"
+    assert configs.renderer_name("smollm2-135m-instruct") == "default"
+    assert configs.renderer_name("Qwen/Qwen3-0.6B") == "qwen3"
 
 
 def test_a_dataset_the_prime_rl_path_cannot_score_is_refused(tmp_path):
     profile = load_grpo_profile(SMOKE)
     other = dataclasses.replace(profile, env=dataclasses.replace(profile.env, dataset="chain_sum"))
     with pytest.raises(ValueError, match=r"env.dataset='chain_sum'"):
-        journey.taskset_settings(other, tmp_path / "tasks.jsonl")
+        configs.taskset_settings(other, tmp_path / "tasks.jsonl")
     with pytest.raises(ValueError, match=r"env.dataset='chain_sum'"):
-        journey.write_tasks(other, tmp_path / "tasks.jsonl")
+        configs.write_tasks(other, tmp_path / "tasks.jsonl")
 
 
 def test_the_taskset_file_holds_the_problems_and_prompts_the_eval_measures(tmp_path):
@@ -76,7 +77,7 @@ def test_the_taskset_file_holds_the_problems_and_prompts_the_eval_measures(tmp_p
     and the greedy eval (a taskset of its own wording and scoring taught a format the
     eval then scored 0)."""
     profile = load_grpo_profile("recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json")
-    path = journey.write_tasks(profile, tmp_path / "primerl" / "tasks.jsonl")
+    path = configs.write_tasks(profile, tmp_path / "primerl" / "tasks.jsonl")
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     env, _ = profile.envs()
     assert len(rows) == env.size
@@ -100,7 +101,7 @@ def test_merged_metrics_join_prime_rl_records_by_step(tmp_path):
         '{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.25}\n'
     )
     (tmp_path / "metrics.jsonl").write_text('{"step": 2, "off_policy/max": 1}\n')
-    assert journey.merged_metrics(tmp_path) == [
+    assert records.merged_metrics(tmp_path) == [
         {"step": 1, "loss": 0.5},
         {"step": 2, "loss": 0.25, "primerl/off_policy/max": 1},
     ]
@@ -110,18 +111,18 @@ def test_orchestrator_toml_checkpoints_at_the_profile_interval_and_resumes_a_ste
     profile = load_grpo_profile("recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json")
     args = dict(model_dir=Path("/m"), base_url="http://127.0.0.1:9/v1", output_dir=Path("/o"),
                 port=5123, max_steps=10, tasks_path=Path("/o/tasks.jsonl"))  # fmt: skip
-    fresh = tomllib.loads(journey.orchestrator_toml(profile, **args))
+    fresh = tomllib.loads(configs.orchestrator_toml(profile, **args))
     assert fresh["ckpt"] == {"interval": 2} and "resume" not in fresh
-    resumed = tomllib.loads(journey.orchestrator_toml(profile, **args, resume_step=4))
+    resumed = tomllib.loads(configs.orchestrator_toml(profile, **args, resume_step=4))
     assert resumed["resume"] == {"step": 4}
 
 
 def test_overlap_fraction_counts_training_time_with_a_rollout_in_flight():
     training = [(0.0, 10.0), (20.0, 30.0)]
     generation = [(5.0, 8.0), (6.0, 12.0), (25.0, 40.0), (50.0, 60.0)]
-    assert journey.overlap_fraction(training, generation) == pytest.approx((5.0 + 5.0) / 20.0)
-    assert journey.overlap_fraction(training, []) == 0.0
-    assert journey.overlap_fraction([], generation) == 0.0
+    assert records.overlap_fraction(training, generation) == pytest.approx((5.0 + 5.0) / 20.0)
+    assert records.overlap_fraction(training, []) == 0.0
+    assert records.overlap_fraction([], generation) == 0.0
 
 
 def test_step_reward_is_prime_rls_effective_reward_and_refuses_two_agents():
@@ -130,11 +131,11 @@ def test_step_reward_is_prime_rls_effective_reward_and_refuses_two_agents():
         "primerl/train/agg/effective/default/reward/mean": 0.25,
         "primerl/train/agg/all/default/reward/mean": 0.5,  # the arrival window, not trained on
     }
-    assert journey.step_reward(record) == 0.25
-    assert journey.step_reward({"step": 3}) is None
+    assert records.step_reward(record) == 0.25
+    assert records.step_reward({"step": 3}) is None
     two = {**record, "primerl/train/agg/effective/other/reward/mean": 1.0}
     with pytest.raises(ValueError, match="more than one agent"):
-        journey.step_reward(two)
+        records.step_reward(two)
 
 
 def test_without_prime_rl_the_journey_fails_closed_naming_the_variable_and_writes_nothing(
@@ -169,7 +170,7 @@ def test_env_latency_reaches_the_taskset_of_both_prime_rl_configs(tmp_path):
     for latency, expected in (("0", None), ("1.5", 1.5)):
         profile = load_grpo_profile(config, [f"env.latency_s={latency}"])
         orch = tomllib.loads(
-            journey.orchestrator_toml(
+            configs.orchestrator_toml(
                 profile,
                 model_dir=Path("/m"),
                 base_url="http://127.0.0.1:9/v1",
@@ -180,7 +181,7 @@ def test_env_latency_reaches_the_taskset_of_both_prime_rl_configs(tmp_path):
             )  # fmt: skip
         )
         env_server = tomllib.loads(
-            journey.env_server_toml(profile, output_dir=tmp_path, port=5123, tasks_path=tasks)
+            configs.env_server_toml(profile, output_dir=tmp_path, port=5123, tasks_path=tasks)
         )
         for taskset in (orch["train"]["source"][0]["env"]["taskset"], env_server["env"]["taskset"]):
             assert taskset.get("latency_s") == expected, (latency, taskset)
@@ -219,9 +220,9 @@ def test_the_prime_rl_taskset_takes_a_task_file(tmp_path):
     )
     config = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
     other = load_grpo_profile(config, [f"env.tasks={tasks}", "env.dataset=chain_sum"])
-    journey.check_dataset(other)  # a task file is scoreable whatever env.dataset says
+    configs.check_dataset(other)  # a task file is scoreable whatever env.dataset says
     profile = load_grpo_profile(config, [f"env.tasks={tasks}", "env.size=2"])
-    path = journey.write_tasks(profile, tmp_path / "primerl" / "tasks.jsonl")
+    path = configs.write_tasks(profile, tmp_path / "primerl" / "tasks.jsonl")
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert sorted(r["answer"] for r in rows) == ["18", "5"]
     assert {r["partial_credit"] for r in rows} == {False}  # exact answers only, as env.score
@@ -255,7 +256,7 @@ def test_the_taskset_reward_is_what_math_grpo_trains_on(tmp_path, reward):
     profile = load_grpo_profile(
         "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json", [f"env.reward={reward}"]
     )
-    path = journey.write_tasks(profile, tmp_path / "gym" / "tasks.jsonl")
+    path = configs.write_tasks(profile, tmp_path / "gym" / "tasks.jsonl")
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     env, _ = profile.envs()
     order = task_order(profile.env.seed, env.size)
@@ -273,7 +274,7 @@ def test_the_taskset_reward_is_what_math_grpo_trains_on(tmp_path, reward):
     tasks.write_text('{"question": "Calculate 7 + 4.", "answer": "11"}\n')
     config = "recipes/rl/async_grpo/configs/local-cpu-smollm2-lora.json"
     table = load_grpo_profile(config, [f"env.tasks={tasks}", "env.size=1"])
-    row = json.loads(journey.write_tasks(table, tmp_path / "t" / "tasks.jsonl").read_text())
+    row = json.loads(configs.write_tasks(table, tmp_path / "t" / "tasks.jsonl").read_text())
     table_env, _ = table.envs()
     for reply in REPLIES:
         expected = table_env.score(table_env.task(0), reply)
@@ -289,12 +290,12 @@ def test_prime_rl_records_carry_the_shared_grpo_keys():
         "primerl/off_policy/mean": 1.5,
         "primerl/off_policy/max": 2.0,
     }
-    keys = journey.shared_keys(record)
+    keys = records.shared_keys(record)
     assert keys == {"reward/mean": 0.25, "off_policy/mean": 1.5, "off_policy/max": 2}
     assert isinstance(keys["off_policy/max"], int)
-    assert journey.shared_keys({"step": 4}) == {}
+    assert records.shared_keys({"step": 4}) == {}
     with pytest.raises(ValueError, match=r"primerl/off_policy/max=1.5"):
-        journey.shared_keys({**record, "primerl/off_policy/max": 1.5})
+        records.shared_keys({**record, "primerl/off_policy/max": 1.5})
 
 
 def test_the_last_prime_rl_record_carries_the_eval_it_ran_first(tmp_path):
@@ -306,7 +307,7 @@ def test_the_last_prime_rl_record_carries_the_eval_it_ran_first(tmp_path):
             self.records = []
 
         def record_metrics(self, record, schema):
-            assert schema == journey.METRICS_SCHEMA
+            assert schema == records.METRICS_SCHEMA
             self.records.append(record)
 
     (tmp_path / "metrics.jsonl").write_text(
@@ -318,7 +319,7 @@ def test_the_last_prime_rl_record_carries_the_eval_it_ran_first(tmp_path):
     )
     calls = []
     run = FakeRun()
-    recorder = journey.RunRecorder(
+    recorder = records.RunRecorder(
         run, tmp_path, interval=10, max_steps=2, state={}, wait_s=0.0,
         evaluate_last=lambda: calls.append("eval") or 0.75,
     )  # fmt: skip

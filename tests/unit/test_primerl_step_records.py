@@ -17,8 +17,10 @@ from tests import extras
 
 pytest.importorskip("msgspec", reason=extras.reason("grpo"))
 
-from cortex_recipes.primerl import step_records  # noqa: E402
-from recipes.rl.async_grpo import loop as journey  # noqa: E402
+from cortex_recipes.primerl import (
+    records,  # noqa: E402
+    step_records,  # noqa: E402
+)
 
 pytestmark = pytest.mark.unit
 
@@ -64,8 +66,8 @@ def killed_before_its_line(tmp_path: Path, step: int, *, keep_episodes: bool = T
     return out
 
 
-def recorder(out: Path, run: FakeRun) -> journey.RunRecorder:
-    rec = journey.RunRecorder(run, out, interval=10, max_steps=10, state={}, wait_s=0.0)
+def recorder(out: Path, run: FakeRun) -> records.RunRecorder:
+    rec = records.RunRecorder(run, out, interval=10, max_steps=10, state={}, wait_s=0.0)
     rec.save_point = lambda step: True  # resume points are tested in test_primerl_resume
     return rec
 
@@ -73,11 +75,11 @@ def recorder(out: Path, run: FakeRun) -> journey.RunRecorder:
 def test_a_step_without_its_line_gets_the_rederived_record_marked_as_such(tmp_path, caplog):
     out = killed_before_its_line(tmp_path, 3)
     run = FakeRun()
-    with caplog.at_level(logging.WARNING, logger=journey.log.name):
+    with caplog.at_level(logging.WARNING, logger=records.log.name):
         recorder(out, run)({"step": 3, "loss": 0.1})
     (record,) = run.records
     truth = prime_rl_lines()[3]
-    assert record[journey.SOURCE] == step_records.REDERIVED.format(step=3)
+    assert record[records.SOURCE] == step_records.REDERIVED.format(step=3)
     assert record["reward/mean"] == pytest.approx(truth["train/agg/effective/agent/reward/mean"])
     assert record["off_policy/max"] == 2 and record["off_policy/mean"] == pytest.approx(1.5)
     assert "step 3: prime-rl wrote no record; rederived from rollouts/step_3" in caplog.text
@@ -88,7 +90,7 @@ def test_a_step_with_its_line_is_prime_rls_own_and_unmarked(tmp_path):
     run = FakeRun()
     recorder(out, run)({"step": 2, "loss": 0.1})
     (record,) = run.records
-    assert journey.SOURCE not in record
+    assert records.SOURCE not in record
     assert (
         record["primerl/off_policy/in_flight/max"]
         == prime_rl_lines()[2]["off_policy/in_flight/max"]
@@ -100,7 +102,7 @@ def test_a_step_with_neither_is_marked_lost_naming_the_missing_file(tmp_path):
     run = FakeRun()
     recorder(out, run)({"step": 2, "loss": 0.1})
     (record,) = run.records
-    assert record[journey.SOURCE] == step_records.LOST
+    assert record[records.SOURCE] == step_records.LOST
     reason = record["primerl/record_lost_because"]
     assert "no step 2 record" in reason and "step_2/train/effective/traces.jsonl: missing" in reason
     assert "off_policy/max" not in record and "reward/mean" not in record
@@ -110,16 +112,16 @@ def test_a_dead_orchestrator_is_not_waited_for(tmp_path, monkeypatch):
     """With prime-rl's orchestrator gone, its line cannot come: one look, no waiting."""
     out = killed_before_its_line(tmp_path, 3)
     run = FakeRun()
-    rec = journey.RunRecorder(run, out, interval=10, max_steps=10, state={}, wait_s=3600.0)
+    rec = records.RunRecorder(run, out, interval=10, max_steps=10, state={}, wait_s=3600.0)
     rec.save_point = lambda step: True
     rec.alive = lambda: False
 
     def no_sleep(_s):
         raise AssertionError("the recorder waited on a dead orchestrator")
 
-    monkeypatch.setattr(journey.time, "sleep", no_sleep)
+    monkeypatch.setattr(records.time, "sleep", no_sleep)
     rec({"step": 3, "loss": 0.1})
-    assert run.records[0][journey.SOURCE].startswith("rederived")
+    assert run.records[0][records.SOURCE].startswith("rederived")
 
 
 @pytest.mark.parametrize(

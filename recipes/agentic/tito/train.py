@@ -49,12 +49,12 @@ from cortex_recipes.envs.glossary import (
     load_questions,
     tool_specs,
 )
+from cortex_recipes.gateway import Gateway, create_gateway_app
 from cortex_recipes.models import load_tokenizer, resolve_model_path
 from cortex_recipes.run import RunConfig, command_line, profile_field
 from cortex_recipes.supervision import collate, make_renderer
 from cortex_recipes.tito.batching import LockstepBatcher, sdk_generate_rows
 from cortex_recipes.tito.episode import run_episode
-from cortex_recipes.tito.gateway import Gateway, create_gateway_app
 from cortex_recipes.tito.prefix import check_linear_history
 from cortex_recipes.tito.schedule import TaskSampler, pending_from_json, pending_to_json
 from cortex_recipes.tito.tito_profile import TitoProfile, load_tito_profile
@@ -273,7 +273,8 @@ class Tito:
     def greedy_eval(self) -> dict:
         specs = [(task, f"eval-{self.profile.seed}-{task.data.idx}") for task in self.eval_tasks]
         max_tokens = self.profile.eval.max_tokens or self.profile.rl.max_tokens
-        return summarize_eval(self.play(specs, 0.0, max_tokens))
+        with progress.task(f"eval: {len(specs)} greedy episodes", unit="eval"):
+            return summarize_eval(self.play(specs, 0.0, max_tokens))
 
     def play(self, specs: list, temperature: float, max_tokens: int) -> list:
         """Episodes for ``(task, session id)`` specs, ``rl.play_together`` at a time."""
@@ -380,8 +381,12 @@ def warm_start(
 
 
 def summary_line(out: dict) -> str:
+    """The result as one JSON line, then the run's next steps."""
     keys = ("profile", "eval_before_rl", "eval_after_rl", "rewards", "wall_time_s")
-    return json.dumps({k: out.get(k) for k in keys} if "profile" in out else out)
+    if "profile" not in out:  # stopped before its end (stop_after): it says how to go on
+        return json.dumps(out)
+    line = json.dumps({k: out.get(k) for k in keys})
+    return "\n".join([line, *driver.next_steps(out["run_dir"])])
 
 
 if __name__ == "__main__":

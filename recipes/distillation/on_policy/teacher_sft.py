@@ -4,10 +4,10 @@ An OPD profile's ``teacher_sft`` names an SFT journey profile
 (``recipes/sft/conversational/configs/<name>.json``) whose ``model`` is the OPD profile's
 ``teacher_model``. :func:`prepare` makes the teacher the OPD run scores with:
 
-1. the SFT run in ``run_dir`` (default: the SFT journey's own folder for that profile,
-   ``runs/sft/<name>``, so the README's first command's run is reused): a finished run is
-   read back, an unfinished one resumed, an empty folder trained; a run of another config
-   is refused by the run store;
+1. the SFT run in ``run_dir`` (the OPD run passes ``teacher-sft/`` inside its own folder,
+   or the folder its ``teacher_run`` names, e.g. the SFT journey's ``runs/sft/<name>`` to
+   reuse the README's first command's run): a finished run is read back, an unfinished one
+   resumed, an empty folder trained; a run of another config is refused by the run store;
 2. its final checkpoint exported as a plain Hugging Face model (LoRA merged into the base
    weights, :func:`cortex_recipes.export.export_checkpoint`) into
    ``<run_dir>/teacher-<checkpoint_id>/``, reused when it is already there.
@@ -29,6 +29,7 @@ from cortex_recipes.profiles import ProfileError
 log = logging.getLogger(__name__)
 
 SFT_JOURNEY = "recipes/sft/conversational"
+TEACHER_DIR = "teacher-sft"  # the teacher's SFT run inside an OPD run's folder, by default
 
 
 class TeacherSFTError(ProfileError):
@@ -73,19 +74,18 @@ def check(teacher_sft: str, teacher_model: str, connection: str) -> Path:
 
 
 def prepare(
-    teacher_sft: str, teacher_model: str, *, connection: str, run_dir: str | Path = ""
+    teacher_sft: str, teacher_model: str, *, connection: str, run_dir: str | Path
 ) -> dict[str, Any]:
     """Train or reuse the SFT run and export it merged; what the OPD record keeps about it.
 
     Returns ``model`` (the exported folder, for the teacher sub-job), the SFT profile and
     config hash, the checkpoint, and the SFT run's held-out answers after training."""
     from cortex_recipes.export import export_checkpoint
-    from cortex_recipes.run import runs_root
     from recipes.sft.conversational.train import Config, main
 
     path = check(teacher_sft, teacher_model, connection)
     # absolute: the teacher sub-job loads the export from wherever the backend runs
-    run_dir = (Path(run_dir) if run_dir else runs_root() / "sft" / teacher_sft).resolve()
+    run_dir = Path(run_dir).resolve()
     log.info("teacher: the SFT journey's %s run in %s", teacher_sft, run_dir)
     summary = main(Config(profile=str(path), log_path=str(run_dir), connection=connection))
     checkpoint_id = summary["checkpoint_id"]

@@ -59,7 +59,8 @@ class Config(RunConfig):
     )
     teacher_run: str = chz.field(
         default="",
-        doc="the SFT run folder of a teacher_sft profile (default: runs/sft/<teacher_sft>)",
+        doc="the SFT run folder of a teacher_sft profile (default: teacher-sft/ inside this "
+        "run's folder; name the SFT journey's run, runs/sft/<teacher_sft>, to reuse it)",
     )
 
 
@@ -150,7 +151,8 @@ class OPD:
         if profile.teacher_sft:
             self.teacher_source = teacher_sft.prepare(
                 profile.teacher_sft, profile.teacher_model,
-                connection=config.connection, run_dir=config.teacher_run,
+                connection=config.connection,
+                run_dir=config.teacher_run or run.path / teacher_sft.TEACHER_DIR,
             )  # fmt: skip
             self.teacher_model = self.teacher_source["model"]
             log.info("teacher: %s (SFT %s, checkpoint %s)", self.teacher_model,
@@ -331,7 +333,7 @@ def main(config: Config) -> dict:
 
 
 def _eval_line(result: dict) -> str:
-    line = f"teacher reverse KL {result['teacher_reverse_kl']:.3f}"
+    line = f"teacher reverse KL {result['teacher_reverse_kl']:.3f} (per-token estimate)"
     if "accuracy" in result:
         line += f", task accuracy {result['accuracy']:.3f}"
     return line
@@ -352,9 +354,24 @@ def _rng_state(saved: list) -> tuple:
     return version, tuple(internal), gauss
 
 
+KL_NOTE = (
+    "teacher reverse KL: a per-token estimate on the student's own samples (the mean of "
+    "log p_student - log p_teacher over sampled tokens); one batch's value can be below 0"
+)
+
+
 def summary_line(out: dict) -> str:
+    """The result as one JSON line, then what the numbers mean and the run's next steps."""
     keys = ("profile", "eval_teacher_reverse_kl", "eval_accuracy", "wall_time_s")
-    return json.dumps({k: out.get(k) for k in keys})
+    if "profile" not in out:  # stopped before its end (stop_after): it says how to go on
+        return json.dumps(out)
+    lines = [json.dumps({k: out.get(k) for k in keys})]
+    teacher = out.get("teacher") or {}
+    if teacher.get("sft_run_dir"):
+        lines.append(f"teacher: the SFT run in {teacher['sft_run_dir']}, merged into "
+                     f"{teacher.get('model')}")  # fmt: skip
+    lines.append(KL_NOTE)
+    return "\n".join([*lines, *driver.next_steps(out["run_dir"], export_extra="opd")])
 
 
 if __name__ == "__main__":

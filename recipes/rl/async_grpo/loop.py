@@ -1,37 +1,31 @@
-"""The async GRPO journey's loop on prime-rl's own orchestrator: configs, processes, metrics.
+"""The async GRPO journey's prime-rl processes: configs written, processes started, watched
+and stopped.
 
 ``run_primerl`` takes an open run, a connected client and a GRPO profile and runs, until
 ``max_steps`` is published:
 
 - one Cortex job (training + sampling sub-jobs, from the profile);
-- the inference adapter (``primerl.inference``) on 127.0.0.1, which prime-rl uses as its vLLM
-  server;
+- the inference adapter (``primerl.inference``) behind the token-in gateway
+  (:mod:`cortex_recipes.gateway`) on 127.0.0.1, which prime-rl uses as its vLLM server;
 - the trainer adapter (``primerl.trainer``) in a thread of this process;
 - prime-rl's ``env-server`` and ``orchestrator``, unchanged, in prime-rl's own environment
-  (``primerl.launch``), from an ``orch.toml`` and ``env.toml`` written into the run directory;
-  they die with this process, even on its SIGKILL (``primerl/exit_with_parent.py``).
+  (``primerl.launch``), from the ``orch.toml`` and ``env.toml`` that
+  :mod:`cortex_recipes.primerl.configs` writes into the run directory; they die with this
+  process, even on its SIGKILL (``primerl/exit_with_parent.py``).
 
 The task is the offline ``cortex-arith`` verifiers taskset (``primerl/tasksets/`` beside this
 file), generated with the profile's ``env`` knobs. Lag bounds are prime-rl's own:
-``max_off_policy_steps`` from the profile, and prime-rl's fixed async level of one step
-(batch ``n`` ships once version ``n - 2`` is published).
+``max_off_policy_steps`` from the profile, and prime-rl's fixed async level of one step.
 
-Per step the journey's ``metrics.jsonl`` gets the trainer adapter's record (loss, reward
-statistics from the advantages prime-rl computed, ``time/*``) merged with prime-rl's own
-record for that step (its ``metrics.jsonl``: off-policy lag, in-flight counts, rewards), under
-the key prefix ``primerl/``; the merged record is checked against ``async_grpo/prime-rl`` in
-metrics_schema.json (docs/metrics.md), where ``primerl/*`` is the one open namespace. Records
-are written as steps are published, and on the steps where prime-rl's orchestrator checkpoints
-(the profile's ``ckpt.interval``) the run gets a resume point: rerunning the same command after
-a kill resumes both sides from the newest one (:mod:`cortex_recipes.primerl.resume`).
+Every step is recorded and every resume point written as the other journeys do it
+(:mod:`cortex_recipes.primerl.records`): rerunning the same command after a kill resumes both
+sides from the newest resume point (:mod:`cortex_recipes.primerl.resume`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import socket
 import subprocess
 import threading
@@ -41,185 +35,30 @@ from pathlib import Path
 from typing import Any
 
 from cortex_recipes import frames
+from cortex_recipes.gateway import Gateway
 from cortex_recipes.models import load_tokenizer, resolve_model_path
-from cortex_recipes.primerl import broadcasts, resume, step_records
+from cortex_recipes.primerl import broadcasts, resume
+from cortex_recipes.primerl.configs import (
+    API_KEY_VAR,
+    TASKS_FILE,
+    ckpt_interval,
+    env_server_toml,
+    orchestrator_toml,
+    write_tasks,
+)
 from cortex_recipes.primerl.inference import InferenceAdapter
 from cortex_recipes.primerl.launch import child_command, primerl_python
-from cortex_recipes.primerl.trainer import METRICS, TrainerAdapter, TrainerAdapterConfig
+from cortex_recipes.primerl.records import RUNNER, RunRecorder, overlap_fraction, summary_fields
+from cortex_recipes.primerl.trainer import TrainerAdapter, TrainerAdapterConfig
 from cortex_recipes.reconnect import is_recoverable
 from cortex_recipes.run import CheckpointError
-from cortex_recipes.tito.gateway import Gateway
 
 log = logging.getLogger(__name__)
-
-METRICS_SCHEMA = "async_grpo/prime-rl"  # this runner's record in metrics_schema.json
 
 
 def tasksets_dir() -> Path:
     """The journey's taskset folder (beside this file: the checkout, or ``/app`` in an image)."""
     return Path(__file__).resolve().parent / "primerl" / "tasksets"
-
-
-# The taskset's own in-process chat harness (tasksets/cortex_arith): verifiers' ``null`` harness
-# starts a program per rollout, which bounded the CPU profile at about 30 rollouts a minute.
-HARNESS = "cortex-arith"
-API_KEY_VAR = "CORTEX_PRIMERL_ADAPTER_KEY"  # prime-rl's client reads a key from a variable
-# The renderer prime-rl uses per model family; anything else renders with the tokenizer's own
-# chat template (renderers' "default").
-RENDERERS = {"qwen3": "qwen3"}
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a TOML basic string is a JSON string for these values
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    raise TypeError(f"cannot write {value!r} to TOML")
-
-
-def _table(name: str, values: dict[str, Any], array: bool = False) -> str:
-    head = f"[[{name}]]" if array else f"[{name}]"
-    return "\n".join([head, *(f"{k} = {_toml(v)}" for k, v in values.items())]) + "\n"
-
-
-TASKS_FILE = "tasks.jsonl"
-
-
-def check_dataset(profile) -> None:
-    """The prime-rl taskset scores the first integer of the reply against an integer answer:
-    reasoning-gym's ``basic_arithmetic``, or a task file (``env.tasks``, integer answers)."""
-    if profile.env.tasks is None and profile.env.dataset != "basic_arithmetic":
-        raise ValueError(
-            f"env.dataset={profile.env.dataset!r}: the prime-rl path's taskset scores integer "
-            "answers ('basic_arithmetic', or a task file in env.tasks)"
-        )
-
-
-def write_tasks(profile, path: Path) -> Path:
-    """The profile's training problems for the ``cortex-arith`` taskset, one
-    ``{"prompt", "answer", "partial_credit"}`` per line: the same reasoning-gym problems and prompts (question plus the
-    profile's instruction) Math GRPO and the greedy eval use, so prime-rl trains on the
-    distribution the eval measures. Written atomically.
-
-    The lines follow Math GRPO's seeded task order (``rl.grpo.task_order`` of ``env.seed``):
-    prime-rl's buffer takes a taskset's tasks in file order, so step ``N`` trains on the same
-    problems as step ``N`` of the synchronous example, and the two compare step for step."""
-    from cortex_recipes.envs.math import MathEnv
-    from cortex_recipes.rl.grpo import task_order
-
-    check_dataset(profile)
-    env, _ = profile.envs()
-    # Math GRPO trains on env.score: reasoning-gym's partial credit for its problems (unless
-    # the profile's env.reward is exact), exact answers only for a task file. The taskset
-    # applies the same rule per line.
-    partial = isinstance(env, MathEnv) and not env.exact
-    lines = []
-    for index in task_order(profile.env.seed, env.size):
-        task = env.task(index)
-        row = {"prompt": env.prompt(task), "answer": task.answer, "partial_credit": partial}
-        lines.append(json.dumps(row))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.rename(path)
-    return path
-
-
-def taskset_settings(profile, tasks_path: Path) -> dict[str, Any]:
-    """The ``cortex-arith`` taskset's settings: the problems file :func:`write_tasks` wrote and
-    ``env.latency_s``, what every rollout waits on its environment before it is scored."""
-    check_dataset(profile)
-    settings: dict[str, Any] = {"id": "cortex-arith", "tasks_path": str(tasks_path)}
-    if profile.env.latency_s:
-        settings["latency_s"] = float(profile.env.latency_s)
-    return settings
-
-
-def renderer_name(model: str) -> str:
-    name = str(model).lower()
-    return next((r for key, r in RENDERERS.items() if key in name), "default")
-
-
-def concurrency(profile) -> dict[str, int]:
-    """Fixed in-flight episodes: the profile's ``max_inflight_groups`` groups (prime-rl's
-    adaptive controller otherwise starts at one episode and sizes itself from vLLM's KV-cache
-    metrics, which this backend does not publish)."""
-    groups = profile.orchestrator.max_inflight_groups or 1
-    episodes = groups * profile.orchestrator.group_size
-    return {"initial_inflight": episodes, "min_inflight": episodes, "max_inflight": episodes}
-
-
-def ckpt_interval(profile) -> int:
-    """The profile's ``ckpt.interval`` (1 when it has none): how often prime-rl's orchestrator
-    checkpoints, and so how often the run gets a point both sides can resume from."""
-    return profile.ckpt.interval if profile.ckpt else 1
-
-
-def orchestrator_toml(profile, *, model_dir: Path, base_url: str, output_dir: Path, port: int,
-                      max_steps: int, tasks_path: Path,
-                      resume_step: int | None = None) -> str:  # fmt: skip
-    """prime-rl's ``orch.toml``; ``resume_step`` (>= 1) resumes its orchestrator from that
-    step's checkpoint (``[resume] step``: the batch after it ships next)."""
-    orch = profile.orchestrator
-    sampling = orch.sampling
-    top = {
-        "output_dir": str(output_dir),
-        "max_steps": max_steps,
-        "seq_len": profile.max_seq_len,
-        "batch_size": orch.batch_size,
-        "group_size": orch.group_size,
-        "max_off_policy_steps": 1
-        if orch.max_off_policy_steps is None
-        else orch.max_off_policy_steps,
-        "env_server_base_port": port,
-        "collect_inference_metrics": False,
-    }
-    resume = [_table("resume", {"step": resume_step})] if resume_step else []
-    return "\n".join(
-        [
-            "".join(f"{k} = {_toml(v)}\n" for k, v in top.items()),
-            _table("ckpt", {"interval": ckpt_interval(profile)}),
-            *resume,
-            _table("concurrency", concurrency(profile)),
-            _table("model", {"name": str(model_dir)}),
-            _table("model.client", {"base_url": base_url, "api_key_var": API_KEY_VAR}),
-            _table("renderer", {"name": renderer_name(profile.model)}),
-            _table("rollout_transport", {"type": "filesystem"}),
-            _table("weight_broadcast", {"type": "filesystem"}),
-            # Ship every sample, zero-advantage groups included: a step always trains
-            # batch_size samples (a small or random model on CPU often scores a whole group
-            # alike, and prime-rl's default filter would then never ship a batch).
-            _table("train", {"filter_zero_advantages": False}),
-            _table(
-                "train.sampling",
-                {
-                    "max_completion_tokens": sampling.max_tokens,
-                    "temperature": sampling.temperature,
-                },
-            ),
-            _table("train.source", {"name": "cortex-arith", "group_size": orch.group_size}, True),
-            _table("train.source.env.taskset", taskset_settings(profile, tasks_path)),
-            _table("train.source.env.agent.harness", {"id": HARNESS}),
-            _table("train.source.env.agent.runtime", {"type": "subprocess"}),
-            _table("train.source.serve", {"address": f"tcp://127.0.0.1:{port}"}),
-        ]
-    )
-
-
-def env_server_toml(profile, *, output_dir: Path, port: int, tasks_path: Path) -> str:
-    return "\n".join(
-        [
-            f"output_dir = {_toml(str(output_dir))}\n",
-            _table("env.taskset", taskset_settings(profile, tasks_path)),
-            _table("env.agent.harness", {"id": HARNESS}),
-            _table("env.agent.runtime", {"type": "subprocess"}),
-            _table("serve", {"address": f"tcp://127.0.0.1:{port}"}),
-        ]
-    )
 
 
 def free_port() -> int:
@@ -228,153 +67,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def merge_record(ours: dict[str, Any], theirs: dict[str, Any] | None) -> dict[str, Any]:
-    """The trainer adapter's record of a step with prime-rl's, under ``primerl/``."""
-    extra = {f"primerl/{k}": v for k, v in (theirs or {}).items() if k != "step"}
-    return {**ours, **extra}
-
-
-def merged_metrics(output_dir: Path) -> list[dict[str, Any]]:
-    """The trainer adapter's per-step records, each with prime-rl's record for that step."""
-    theirs = {r["step"]: r for r in _jsonl(output_dir / "metrics.jsonl") if "step" in r}
-    return [merge_record(r, theirs.get(r["step"])) for r in _jsonl(output_dir / "cortex" / METRICS)]
-
-
-def overlap_fraction(training: list[tuple[float, float]],
-                     generation: list[tuple[float, float]]) -> float:  # fmt: skip
-    """The share of training time during which at least one rollout was being generated."""
-    merged: list[list[float]] = []
-    for start, end in sorted(generation):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    total = sum(end - start for start, end in training)
-    both = sum(
-        max(0.0, min(end, g_end) - max(start, g_start))
-        for start, end in training
-        for g_start, g_end in merged
-    )
-    return both / total if total > 0 else 0.0
-
-
-REWARD_KEY = re.compile(r"^primerl/train/agg/effective/[^/]+/reward/mean$")
-
-
-def step_reward(record: dict[str, Any]) -> float | None:
-    """The mean reward of the samples a step trained on, from prime-rl's record (its
-    ``train/agg/effective/<agent>/reward/mean``); None when prime-rl logged none."""
-    found = [v for k, v in record.items() if REWARD_KEY.match(k)]
-    if len(found) > 1:
-        keys = sorted(k for k in record if REWARD_KEY.match(k))
-        raise ValueError(f"step {record.get('step')}: more than one agent's reward: {keys}")
-    return found[0] if found else None
-
-
-def primerl_record(output_dir: Path, step: int) -> dict[str, Any] | None:
-    """prime-rl's own record of ``step`` (its ``metrics.jsonl``; the last one when repeated)."""
-    found = [r for r in _jsonl(output_dir / "metrics.jsonl") if r.get("step") == step]
-    return found[-1] if found else None
-
-
-def shared_keys(merged: dict[str, Any]) -> dict[str, Any]:
-    """The metrics every GRPO runner spells the same (docs/metrics.md), from prime-rl's keys:
-    ``reward/mean`` (the trained samples' reward, :func:`step_reward`), ``off_policy/mean`` and
-    ``off_policy/max`` (prime-rl's observed lag; an integer count of steps)."""
-    out: dict[str, Any] = {}
-    reward = step_reward(merged)
-    if reward is not None:
-        out["reward/mean"] = reward
-    mean, top = merged.get("primerl/off_policy/mean"), merged.get("primerl/off_policy/max")
-    if mean is not None:
-        out["off_policy/mean"] = mean
-    if top is not None:
-        if float(top) != int(top):
-            raise ValueError(f"step {merged.get('step')}: primerl/off_policy/max={top!r}; a count")
-        out["off_policy/max"] = int(top)
-    return out
-
-
-class RunRecorder:
-    """The trainer adapter's ``on_step``: each published step's record, merged with prime-rl's
-    record of that step and the shared keys (:func:`shared_keys`), goes to the run's
-    ``metrics.jsonl``; then, on the steps where prime-rl's orchestrator checkpoints, the run's
-    own resume point (:mod:`cortex_recipes.primerl.resume`). ``evaluate_last`` (returns an
-    accuracy) runs before the last step's record is written, which then carries
-    ``eval/accuracy`` as Math GRPO's last record does."""
-
-    def __init__(self, run, output_dir: Path, *, interval: int, max_steps: int,
-                 state: dict[str, Any], wait_s: float = 30.0,
-                 evaluate_last: Callable[[], float] | None = None):  # fmt: skip
-        self.run, self.output_dir = run, Path(output_dir)
-        self.interval, self.max_steps = interval, max_steps
-        self.state = state  # what every resume point carries besides the step and trainer
-        self.wait_s = wait_s
-        self.evaluate_last = evaluate_last
-        # Set once prime-rl's orchestrator runs: a dead one writes nothing more, so waiting
-        # for its files stops at once (one last look, its files are written before it exits).
-        self.alive: Callable[[], bool] | None = None
-
-    def _wait(self, predicate) -> bool:
-        deadline = time.monotonic() + self.wait_s
-        while not predicate():
-            if time.monotonic() > deadline or (self.alive is not None and not self.alive()):
-                return predicate()
-            time.sleep(0.1)
-        return True
-
-    def save_point(self, step: int) -> bool:
-        """The run's resume point at ``step``, if both sides can resume from it."""
-        if not resume.agreed(self.output_dir, step):
-            return False
-        manifest = broadcasts.read_manifest(broadcasts.version_dir(self.output_dir, step))
-        trainer = {k: manifest.get(k) for k in ("job_id", "checkpoint_id", "stage_path")}
-        self.run.checkpoints.save(
-            step,
-            {**self.state, "runner": RUNNER, "config_hash": self.run.config_hash,
-             "trainer": trainer},
-        )  # fmt: skip
-        self.run.checkpoint(step=step, checkpoint_type="resumable", runner=RUNNER, **trainer)
-        return True
-
-    def __call__(self, record: dict[str, Any]) -> None:
-        step = record["step"]
-        self._wait(lambda: primerl_record(self.output_dir, step) is not None)
-        theirs = primerl_record(self.output_dir, step)
-        if theirs is None:  # killed between its checkpoint and its metrics line
-            theirs = step_records.recover(self.output_dir, step)
-            log.warning("step %d: prime-rl wrote no record; %s", step,
-                        theirs.get("record_lost_because") or theirs[step_records.SOURCE_KEY])  # fmt: skip
-        merged = merge_record(record, theirs)
-        merged.update(shared_keys(merged))
-        if step == self.max_steps and self.evaluate_last is not None:
-            merged["eval/accuracy"] = self.evaluate_last()
-        self.run.record_metrics(merged, schema=METRICS_SCHEMA)
-        if step % self.interval == 0 or step == self.max_steps:
-            ckpt = resume.orchestrator_checkpoint(self.output_dir, step)
-            if not (self._wait(ckpt.is_file) and self.save_point(step)):
-                log.warning("step %d: no orchestrator checkpoint %s; no resume point", step, ckpt)
-
-
-RUNNER = "prime-rl"
-SOURCE = f"primerl/{step_records.SOURCE_KEY}"
-
-
 def run_primerl(client, profile, run, *, max_steps: int, job_id: str,
                 state: dict[str, Any] | None = None, python: str | None = None,
-                timeout_s: float = 3600.0,
+                timeout_s: float = 3600.0, begin: Callable[[], None] | None = None,
                 evaluate_last: Callable[[], float] | None = None) -> dict[str, Any]:  # fmt: skip
     """Train up to ``max_steps`` with prime-rl's orchestrator; returns the summary fields.
 
     ``run.resume`` (a resume point this function wrote) makes it resume after that step;
-    ``state`` is carried in every resume point (the journey's eval history);
-    ``evaluate_last`` is :class:`RunRecorder`'s.
+    ``state`` is carried in every resume point (the journey's eval history); ``begin`` runs
+    once before a new run's first version is published, while prime-rl's processes start
+    (the evaluation before training); ``evaluate_last`` is :class:`RunRecorder`'s.
     """
     prime = primerl_python(python)
     work = run.path / "primerl"
@@ -394,32 +96,10 @@ def run_primerl(client, profile, run, *, max_steps: int, job_id: str,
     counters, overlap = _train(client, profile, run, prime=prime, work=work,
                                output_dir=output_dir, max_steps=max_steps, job_id=job_id,
                                resume_step=resume_step, state=state or {},
-                               timeout_s=timeout_s, evaluate_last=evaluate_last)  # fmt: skip
-    records = run.read_metrics()
-    steps = [r["step"] for r in records]
-    if steps != list(range(1, max_steps + 1)):
-        raise RuntimeError(
-            f"{run.path}/metrics.jsonl holds steps {steps}, expected 1..{max_steps} once each"
-        )
+                               timeout_s=timeout_s, begin=begin,
+                               evaluate_last=evaluate_last)  # fmt: skip
     return {
-        "orchestrator": RUNNER,
-        "published_versions": broadcasts.published_versions(output_dir),
-        "steps": steps,
-        "losses": [r.get("loss") for r in records],
-        "rewards": [step_reward(r) for r in records],
-        "off_policy_max_per_step": [r.get("primerl/off_policy/max") for r in records],
-        # shipped episodes per lag over the whole run, and those prime-rl cancelled as stale
-        "lag_histogram": step_records.lag_counts(output_dir, range(1, max_steps + 1)),
-        "stale_cancelled": step_records.stale_cancellations(work / "orchestrator.log"),
-        # Steps whose prime-rl record was re-derived from its episodes, or lost (step_records).
-        "primerl_record_sources": {
-            str(r["step"]): r[SOURCE] for r in records if r.get(SOURCE) is not None
-        },
-        "applied_versions": [
-            v
-            for v in broadcasts.published_versions(output_dir)
-            if broadcasts.is_applied(output_dir, v)
-        ],
+        **summary_fields(run, work, max_steps),
         # This command's segment: training time during which rollouts were being generated.
         "overlap_fraction": round(overlap, 4),
         "resumed_from_step": resume_step,
@@ -432,30 +112,31 @@ def run_primerl(client, profile, run, *, max_steps: int, job_id: str,
 
 def _train(client, profile, run, *, prime: Path, work: Path, output_dir: Path, max_steps: int,
            job_id: str, resume_step: int | None, state: dict[str, Any],
-           timeout_s: float,
+           timeout_s: float, begin: Callable[[], None] | None = None,
            evaluate_last: Callable[[], float] | None = None) -> tuple[dict[str, int], float]:  # fmt: skip
-    model_dir = resolve_model_path(profile.model)
     tokenizer = load_tokenizer(profile.model)
-    pad_id = frames.pad_id(tokenizer)
-    port = free_port()
     interval = ckpt_interval(profile)
     recorder = RunRecorder(run, output_dir, interval=interval, max_steps=max_steps, state=state,
                            evaluate_last=evaluate_last)  # fmt: skip
     adapter, trainer = adapters(
-        client, job_id, profile, output_dir, max_steps=max_steps, pad_id=pad_id,
+        client, job_id, profile, output_dir, max_steps=max_steps, pad_id=frames.pad_id(tokenizer),
         learning_rate=profile.learning_rate, on_step=recorder,
     )  # fmt: skip
-    # Before prime-rl starts: the version it syncs first must be live in this job already.
-    version = trainer.start()
-    if version != (resume_step or 0):
-        raise CheckpointError(
-            f"{output_dir}/broadcasts: the trainer adapter resumed at version {version}, the "
-            f"run's resume point is step {resume_step or 0}"
-        )
-    if resume_step is None and not recorder.save_point(0):
-        raise RuntimeError(f"{output_dir}: version 0 was not published")
-    if version >= max_steps:  # killed after its last resume point: the weights are loaded
-        return dict(adapter.counters), 0.0
+
+    def start_trainer() -> int:
+        """The version prime-rl syncs first, live in this job (before it can ask for it)."""
+        version = trainer.start()
+        if version != (resume_step or 0):
+            raise CheckpointError(
+                f"{output_dir}/broadcasts: the trainer adapter resumed at version {version}, "
+                f"the run's resume point is step {resume_step or 0}"
+            )
+        if resume_step is None and not recorder.save_point(0):
+            raise RuntimeError(f"{output_dir}: version 0 was not published")
+        return version
+
+    if resume_step is not None and start_trainer() >= max_steps:
+        return dict(adapter.counters), 0.0  # killed after its last resume point: all is loaded
     failures: list[BaseException] = []
 
     def train() -> None:
@@ -467,11 +148,13 @@ def _train(client, profile, run, *, prime: Path, work: Path, output_dir: Path, m
     env = {**os.environ, API_KEY_VAR: "local", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": str(tasksets_dir())}  # fmt: skip
     tasks_path = write_tasks(profile, work / TASKS_FILE)
+    thread = threading.Thread(target=train, name="trainer-adapter", daemon=True)
     with Gateway(adapter.app) as gateway:
+        port = free_port()
         (work / "orch.toml").write_text(
             orchestrator_toml(
                 profile,
-                model_dir=model_dir,
+                model_dir=resolve_model_path(profile.model),
                 base_url=gateway.base_url,
                 output_dir=output_dir,
                 port=port,
@@ -485,12 +168,13 @@ def _train(client, profile, run, *, prime: Path, work: Path, output_dir: Path, m
                 profile, output_dir=work / "env-server", port=port, tasks_path=tasks_path
             )
         )
-        thread = threading.Thread(target=train, name="trainer-adapter", daemon=True)
-        thread.start()
         with (
             open(work / "env-server.log", "ab") as env_log,
             open(work / "orchestrator.log", "ab") as orch_log,
         ):
+            # prime-rl's processes start first: their start-up (tens of seconds of imports)
+            # overlaps the evaluation before training; the orchestrator then waits for the
+            # trainer's first version, published after that evaluation, before it samples.
             env_server = subprocess.Popen(
                 child_command(prime, "env-server", "@", str(work / "env.toml")),
                 env=env, stdout=env_log, stderr=subprocess.STDOUT,
@@ -506,6 +190,12 @@ def _train(client, profile, run, *, prime: Path, work: Path, output_dir: Path, m
                     marker=str(work),
                 )  # fmt: skip
                 try:
+                    if resume_step is None:
+                        if begin is not None:
+                            begin()
+                        start_trainer()
+                    run.track_steps(max_steps)  # the progress display every journey shows
+                    thread.start()
                     returncode = _wait(
                         orchestrator, failures, timeout_s,
                         backend_check=lambda: backend_lost(client, job_id),
@@ -521,7 +211,8 @@ def _train(client, profile, run, *, prime: Path, work: Path, output_dir: Path, m
                 except subprocess.TimeoutExpired:
                     env_server.kill()
         trainer.stop.set()  # no more rollout files or syncs can come
-        thread.join(timeout=600)
+        if thread.is_alive():
+            thread.join(timeout=600)
     failures = [f for f in failures if not isinstance(f, broadcasts.Stopped)]
     if failures:  # the trainer adapter's error explains an orchestrator stopped because of it
         raise failures[0]

@@ -100,8 +100,8 @@ def sync(base: str, output_dir: Path, version: int) -> dict:
 
 
 def replay(config: Config, profile: GRPOProfile) -> dict:
+    from cortex_recipes.gateway import Gateway
     from cortex_recipes.primerl import broadcasts
-    from cortex_recipes.tito.gateway import Gateway
     from recipes.rl.async_grpo.loop import adapters
 
     steps = sorted(int(p.parent.name.removeprefix("step_")) for p in RECORDED.glob("*/rank_0.bin"))

@@ -77,8 +77,9 @@ def main(config: Config) -> dict:
 
 class Evals:
     """The run's greedy evals on the fixed eval set (Math GRPO evaluates on the same): before
-    training (on a resume, the first command's, carried in every resume point) and of the last
-    version, which prime-rl's loop asks for before it records the last step."""
+    training (:meth:`begin`, while prime-rl's processes start; on a resume, the first
+    command's, carried in every resume point) and of the last version, which prime-rl's loop
+    asks for before it records the last step."""
 
     def __init__(self, client, trainer: Trainer, profile: GRPOProfile, run, max_steps: int):
         self.client, self.trainer, self.profile, self.max_steps = (
@@ -89,8 +90,13 @@ class Evals:
         )
         self.tokenizer = load_tokenizer(profile.model)
         _, self.eval_env = profile.envs()
-        self.history = list(run.resume["evals"]) if run.resume else [self.at(0)]
+        self.history: list[dict] = list(run.resume["evals"]) if run.resume else []
         self.last: dict | None = None
+
+    def begin(self) -> None:
+        """The evaluation before training (a new run's; a resumed one carries it)."""
+        if not self.history:
+            self.history.append(self.at(0))
 
     def at(self, step: int) -> dict:
         found = greedy_eval(
@@ -120,7 +126,8 @@ def train(config: Config, profile: GRPOProfile, run: Run, reconnects: int = 0) -
         evals = Evals(client, trainer, profile, run, max_steps)
         out = run_primerl(
             client, profile, run, max_steps=max_steps, job_id=trainer.job_id,
-            state={"evals": evals.history}, evaluate_last=evals.of_last_version,
+            state={"evals": evals.history}, begin=evals.begin,
+            evaluate_last=evals.of_last_version,
         )  # fmt: skip
         if evals.last is None:  # the last step was recorded before a kill: evaluate it now
             evals.of_last_version()
@@ -140,8 +147,12 @@ def train(config: Config, profile: GRPOProfile, run: Run, reconnects: int = 0) -
 
 
 def summary_line(out: dict) -> str:
+    """The result as one JSON line, then the run's next steps."""
+    if "profile" not in out:  # stopped before its end (stop_after): it says how to go on
+        return json.dumps(out)
     keys = ("profile", "orchestrator", "eval_accuracy", "losses", "published_versions")
-    return json.dumps({k: out[k] for k in keys})
+    line = json.dumps({k: out[k] for k in keys})
+    return "\n".join([line, *driver.next_steps(out["run_dir"])])
 
 
 if __name__ == "__main__":

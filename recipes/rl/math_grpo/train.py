@@ -187,7 +187,11 @@ def main(config: Config) -> dict:
 
 
 def summary_line(out: dict) -> str:
-    return json.dumps({k: out[k] for k in ("profile", "eval_accuracy", "rewards", "wall_time_s")})
+    """The result as one JSON line, then the run's next steps."""
+    if "profile" not in out:  # stopped before its end (stop_after): it says how to go on
+        return json.dumps(out)
+    line = json.dumps({k: out[k] for k in ("profile", "eval_accuracy", "rewards", "wall_time_s")})
+    return "\n".join([line, *driver.next_steps(out["run_dir"])])
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import sys
 
 import chz
 
-from cortex_recipes import driver, frames, loglik, profiles, sft
+from cortex_recipes import driver, frames, loglik, profiles, progress, sft
 from cortex_recipes.models import load_tokenizer
 from cortex_recipes.run import RunConfig, command_line, profile_field
 from cortex_recipes.sampling import greedy_answers
@@ -48,7 +48,8 @@ class Config(RunConfig):
 def evaluate(client, profile: sft.SFTProfile, tokenizer, job_id: str) -> dict:
     spec = profile.eval
     prompts = spec.prompts + [c["prompt"] for c in spec.controls]
-    answers = greedy_answers(client, job_id, tokenizer, prompts, max_tokens=spec.max_tokens)
+    with progress.task(f"eval: {len(prompts)} greedy answers"):
+        answers = greedy_answers(client, job_id, tokenizer, prompts, max_tokens=spec.max_tokens)
     held_out = answers[: len(spec.prompts)]
     controls = [
         {**c, "answer": a, "ok": c["expect"] in a}
@@ -218,15 +219,7 @@ def report(result: dict) -> str:
             kept = "kept" if a["ok"] else "LOST"
             lines += [f"  control ({kept}): {b['prompt']}", f"     before: {b['answer']!r}"]
             lines.append(f"     after:  {a['answer']!r}")
-    run_dir = result["run_dir"]
-    lines += [
-        f"run directory: {run_dir} (metrics.jsonl, summary.json, debug.log)",
-        f"export it: python3 -m uv run --frozen --extra sft cortex-recipes export {run_dir} "
-        "<out dir>   (a from_pretrained / PEFT directory)",
-        "rerun the same command to resume it (or return it when finished); "
-        "if_exists=overwrite trains again",
-    ]
-    return "\n".join(lines)
+    return "\n".join([*lines, *driver.next_steps(result["run_dir"], export_extra="sft")])
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ served from a Cortex sampling sub-job through the SDK.
 Routes (prime-rl 559b447 ``utils/client.py``; admin calls strip ``/v1``):
 - ``GET /health``, ``GET /v1/models`` (with ``max_model_len``) and
   ``POST /inference/v1/generate``: the token-in/token-out gateway of
-  :mod:`cortex_recipes.tito.gateway`, unchanged (every sampling key prime-rl sends is accepted;
+  :mod:`cortex_recipes.gateway`, unchanged (every sampling key prime-rl sends is accepted;
   ``cache_salt`` is dropped because each weight sync resets the sampler's prefix cache);
 - ``POST /pause?mode=keep|wait`` and ``POST /resume``: while paused, new generate calls wait
   here. With ``keep`` the rows already decoding are also held, at the sampler's next decode
@@ -54,8 +54,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from cortex_recipes.endpoint import sub_job_ids
+from cortex_recipes.gateway import create_gateway_app, sdk_generate
 from cortex_recipes.primerl import broadcasts
-from cortex_recipes.tito.gateway import create_gateway_app, sdk_generate
 
 log = logging.getLogger(__name__)
 

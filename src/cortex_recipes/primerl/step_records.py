@@ -30,9 +30,18 @@ import re
 from pathlib import Path
 from typing import Any
 
+from cortex_recipes.driver import sampling_version
+
 REDERIVED = "rederived from rollouts/step_{step}/train/effective/traces.jsonl"
 LOST = "lost"
 SOURCE_KEY = "record_source"
+
+
+def episode_lag(step: int, start: int | None) -> int:
+    """prime-rl's ``episode_staleness`` of an episode batch ``step`` trains on: the version the
+    step's rollouts are asked of (:func:`cortex_recipes.driver.sampling_version`) minus the one
+    that started generating it, floored at 0; 0 for an episode with no policy span."""
+    return 0 if start is None else max(0, sampling_version(step) - start)
 
 
 def traces_path(output_dir: Path, step: int) -> Path:
@@ -97,7 +106,7 @@ def rederive(output_dir: Path, step: int) -> dict[str, Any]:
         if not line.strip():
             continue
         start, rewards = _episode(line, f"{path}:{number}")
-        lags.append(0 if start is None else max(0, (step - 1) - start))
+        lags.append(episode_lag(step, start))
         for agent, reward in rewards:
             by_agent.setdefault(agent, []).append(reward)
     if not lags:
@@ -124,7 +133,7 @@ def lag_counts(output_dir: Path, steps: range) -> dict[str, int]:
         for number, line in enumerate(path.read_text().splitlines(), start=1):
             if line.strip():
                 start, _ = _episode(line, f"{path}:{number}")
-                lag = 0 if start is None else max(0, (step - 1) - start)
+                lag = episode_lag(step, start)
                 counts[lag] = counts.get(lag, 0) + 1
     return {str(lag): counts[lag] for lag in sorted(counts)}
 

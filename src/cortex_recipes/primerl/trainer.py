@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from cortex_recipes import frames, save_results
+from cortex_recipes.driver import sampling_version, trained_version
 from cortex_recipes.primerl import broadcasts, step_records
 from cortex_recipes.primerl.rollout_files import RolloutFileError, Sample, read_rows, rollout_path
 from cortex_recipes.rl.grpo_profile import LR_SCHEDULES, scheduled_learning_rate
@@ -253,22 +254,23 @@ class TrainerAdapter:
         return broadcasts.is_applied(self.output_dir, version, job_id)
 
     def _wait_for_sampler(self, step: int) -> float:
-        """Seconds until the sampler holds version ``step - 1`` (invariant 4 of broadcasts)."""
-        final = step == self.config.max_steps
+        """Seconds until the sampler holds the version step ``step`` samples from
+        (:func:`cortex_recipes.driver.sampling_version`; invariant 4 of broadcasts)."""
+        final, version = step == self.config.max_steps, sampling_version(step)
         t0 = time.monotonic()
         try:
             return broadcasts.wait_for(
-                lambda: self._sampler_has(step - 1),
+                lambda: self._sampler_has(version),
                 timeout_s=self.config.final_sync_timeout_s if final else self.config.sync_timeout_s,
                 poll_s=self.config.poll_s,
-                what=f"the sampler to apply version {step - 1} (its APPLIED marker)",
+                what=f"the sampler to apply version {version} (its APPLIED marker)",
                 stop=self.stop,
             )
         except (TimeoutError, broadcasts.Stopped):
             # the orchestrator may exit without applying the version before the last one
             if not final:
                 raise
-            log.warning("last step %d: version %d was not applied; stepping anyway", step, step - 1)
+            log.warning("last step %d: version %d was not applied; stepping anyway", step, version)
             return time.monotonic() - t0
 
     def learning_rate(self, step: int) -> float | None:
@@ -281,10 +283,10 @@ class TrainerAdapter:
 
     def train_step(self, step: int) -> dict[str, Any]:
         config, job_id = self.config, self.config.job_id
-        if self.version != step - 1:
-            raise RuntimeError(
-                f"step={step} needs version {step - 1}; trainer holds {self.version}"
-            )
+        # the version this step's rollouts were asked of, and the one its optimiser step makes
+        behind, version = sampling_version(step), trained_version(step)
+        if self.version != behind:
+            raise RuntimeError(f"step={step} needs version {behind}; trainer holds {self.version}")
         t_step = time.monotonic()
         path = rollout_path(self.output_dir, step, config.rank)
         waited = broadcasts.wait_for(
@@ -298,25 +300,25 @@ class TrainerAdapter:
             known = step_records.sample_versions(self.output_dir, step)
             versions = row_versions(rows, known, str(path))
         frame, stats = grpo_rows_frame(
-            rows, config.pad_id, config.loss_config, self._score, versions, step - 1
+            rows, config.pad_id, config.loss_config, self._score, versions, behind
         )
         frame = frames.for_ranks(frame, self._ranks())
         result = self.client.poll_request(job_id, self.client.forward_backward(job_id, frame))
         self.train_intervals.append((t_train, time.monotonic()))
         synced = self._wait_for_sampler(step)
-        broadcasts.write_live(self.output_dir, step - 1, "stepping", job_id)
+        broadcasts.write_live(self.output_dir, behind, "stepping", job_id)
         t_opt = time.monotonic()
         stepped = self.client.poll_request(
             job_id, self.client.step(job_id, learning_rate=self.learning_rate(step))
         )
         self.train_intervals.append((t_opt, time.monotonic()))
         train_s = time.monotonic() - t_train - synced
-        saved = self._publish(step, time.monotonic())
-        broadcasts.write_live(self.output_dir, step, "stable", job_id)
-        self.version = step
+        saved = self._publish(version, time.monotonic())
+        broadcasts.write_live(self.output_dir, version, "stable", job_id)
+        self.version = version
         record = {
             "step": step,
-            "policy_version": step,
+            "policy_version": version,
             "loss": result.get("avg_loss"),
             "mismatch_kl/mean": (result.get("metrics") or {}).get("approx_kl"),
             # the share of trained tokens whose PPO ratio was clipped (no gradient through them)
@@ -342,7 +344,7 @@ class TrainerAdapter:
         with open(metrics, "a") as f:
             f.write(json.dumps(record, sort_keys=True) + "\n")
         log.info(
-            "step %d: %d samples, loss %s, published v%d", step, len(rows), record["loss"], step
+            "step %d: %d samples, loss %s, published v%d", step, len(rows), record["loss"], version
         )
         if config.on_step is not None:
             config.on_step(record)

@@ -1,5 +1,9 @@
 """A token-in/token-out gateway: ``/inference/v1/generate`` in front of a sampling sub-job.
 
+Shared by the TITO journey (verifiers' ``TrainClient``) and the async GRPO journey's inference
+adapter (:mod:`cortex_recipes.primerl.inference`, prime-rl's vLLM client), so it lives in
+neither.
+
 verifiers' ``TrainClient`` (through ``renderers.client.generate``) speaks vLLM's token-in route:
 ``POST /inference/v1/generate`` with ``{"model", "token_ids", "sampling_params"}``. It reads
 ``choices[0].token_ids`` and per-token logprobs in the ``"token_id:<id>"`` form, and checks
