@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 import tomllib
 import types
@@ -195,6 +196,8 @@ def _check_value(tp: Any, value: Any, where: str) -> Any:
         return value
     if tp is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise ProfileError(f"{where}={value!r} must be a finite number")
             return float(value)
     elif tp is int or tp is str or tp is bool:
         if isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
@@ -416,6 +419,23 @@ def at_least(low: int, meaning: str = ""):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             note = f" ({meaning})" if meaning else ""
             raise ProfileError(f"{name}={value!r}; accepted: an integer >= {low}{note}")
+
+    return check
+
+
+def optional_at_least(low: int):
+    """A chz field validator: None (the profile's value) or an integer of at least ``low``."""
+
+    def check(config: Any, attr: str) -> None:
+        value = getattr(config, attr)
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            name = attr.removeprefix("X_")
+            raise ProfileError(
+                f"{name}={value!r}; accepted: an integer >= {low} (leave it out for the "
+                "profile's value)"
+            )
 
     return check
 

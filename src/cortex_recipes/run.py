@@ -42,17 +42,17 @@ logs a warning and never stops the run.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
-import re
 import shutil
 import sys
 import tempfile
 import time
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,11 @@ from cortex_recipes import profiles
 from cortex_recipes.cortex_client import ExplainedClient
 from cortex_recipes.metrics import validate_record
 from cortex_recipes.provenance import git_revision
+from cortex_recipes.run_store import (  # noqa: F401 - CheckpointError is the run's error
+    CheckpointError,
+    RunCheckpoints,
+    write_json_atomic,
+)
 from cortex_recipes.trackers import Trackers, open_trackers
 
 log = logging.getLogger(__name__)
@@ -84,14 +89,8 @@ def runs_root() -> Path:
     return Path(os.environ.get(RUNS_ENV) or RUNS_ROOT)
 
 
-STATE_FILE = "state.json"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 _RECORDS = ("config.json", "metrics.jsonl", "checkpoints.jsonl", "summary.json")
 _LOGS = ("debug.log", "rollouts.jsonl")  # removed with the run; on their own no run
-
-
-class CheckpointError(RuntimeError):
-    """A run that cannot be started or resumed as asked; the message names the file and field."""
 
 
 # -- the command line every journey shares --------------------------------------------------
@@ -124,7 +123,11 @@ class RunConfig:
     if_exists: str = chz.field(
         default="resume", doc="resume | overwrite | fail, when the run folder holds a run"
     )
-    steps: int = profiles.count_field("> 0: train this many steps instead of the profile's steps")
+    steps: int | None = chz.field(
+        default=None,
+        doc="train this many steps (an integer >= 1) instead of the profile's steps",
+        validator=profiles.optional_at_least(1),
+    )
     overrides: tuple[str, ...] = chz.field(
         default=(), doc="profile overrides: the command line's other key=value"
     )
@@ -141,105 +144,19 @@ class RunConfig:
 
     def steps_for(self, profile: Any) -> int:
         """The steps this run trains: ``steps`` when given, else the profile's."""
-        return self.steps or profile.steps
+        return profile.steps if self.steps is None else self.steps
 
     def open_run(self, journey: str, profile: Any) -> Run:
-        """:func:`open_run` for this config's ``log_path``, ``run_name`` and ``if_exists``."""
+        """:func:`open_run` for this config's ``log_path``, ``run_name`` and ``if_exists``,
+        once the whole configuration passed :func:`cortex_recipes.preflight.check`."""
+        from cortex_recipes import preflight
+
+        preflight.check(self, profile, run_path(journey, profile, self.log_path, self.run_name))
         return open_run(
             journey, profile, self,
             log_path=self.log_path, run_name=self.run_name, if_exists=self.if_exists,
+            steps=self.steps,
         )  # fmt: skip
-
-
-# -- the checkpoint store -------------------------------------------------------------------
-
-
-def _write_json_atomic(path: Path, data: Any, *, fsync: bool = False) -> None:
-    tmp = path.parent / f".{path.name}.tmp"
-    with open(tmp, "w") as f:
-        f.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-class RunCheckpoints:
-    """``<run>/checkpoints/step_N/state.json``: the resume state of each saved step."""
-
-    def __init__(self, root: Path):
-        self.root = Path(root)
-
-    def steps(self) -> list[int]:
-        if not self.root.is_dir():
-            return []
-        found = []
-        for child in self.root.iterdir():
-            match = _STEP_DIR.match(child.name)
-            if match and (child / STATE_FILE).is_file():
-                found.append(int(match.group(1)))
-        return sorted(found)
-
-    def save(self, step: int, state: dict[str, Any]) -> Path:
-        directory = self.root / f"step_{step}"
-        directory.mkdir(parents=True, exist_ok=True)
-        _write_json_atomic(directory / STATE_FILE, {**state, "step": step}, fsync=True)
-        return directory / STATE_FILE
-
-    def load(self, step: int) -> dict[str, Any]:
-        path = self.root / f"step_{step}" / STATE_FILE
-        try:
-            state = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{path} cannot be read: {exc}") from exc
-        if not isinstance(state, dict) or state.get("step") != step:
-            raise CheckpointError(f"{path}: step={state.get('step')!r} does not match its folder")
-        trainer = state.get("trainer")
-        if not isinstance(trainer, dict) or not all(
-            isinstance(trainer.get(k), str) and trainer[k] for k in ("job_id", "checkpoint_id")
-        ):
-            raise CheckpointError(f"{path}: trainer={trainer!r} must name job_id and checkpoint_id")
-        return state
-
-    def latest(self) -> dict[str, Any] | None:
-        steps = self.steps()
-        return self.load(steps[-1]) if steps else None
-
-    def latest_verified(self, backend_dir: Path) -> dict[str, Any] | None:
-        """The newest resume state whose trainer checkpoint verifies against its manifest
-        (:func:`cortex_recipes.local.checkpoints.verify`), where that checkpoint is on this
-        machine under ``backend_dir`` (a local backend's); a hosted checkpoint is verified by
-        the service when it is loaded. Each newer one skipped is logged with the reason; when
-        none verifies, CheckpointError names each one's reason (nothing is deleted)."""
-        skipped: list[str] = []
-        for step in reversed(self.steps()):
-            state = self.load(step)
-            trainer = state["trainer"]
-            found = sorted(
-                Path(backend_dir).glob(
-                    f"jobs/{trainer['job_id']}/checkpoints/{trainer['checkpoint_id']}/global_step*"
-                )
-            )
-            if not found:
-                return state
-            from cortex_recipes.local.checkpoints import CheckpointCorrupt, verify
-
-            try:
-                verify(found[-1])
-            except CheckpointCorrupt as exc:
-                log.warning("not resuming from step %d: %s", step, exc)
-                skipped.append(f"step {step}: {exc}")
-                continue
-            return state
-        if skipped:
-            raise CheckpointError(
-                f"{self.root}: no checkpoint verifies ({'; '.join(skipped)}); pass "
-                "if_exists=overwrite to start the run again, or another run_name"
-            )
-        return None
-
-    def clear(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
 
 
 # -- the run directory ----------------------------------------------------------------------
@@ -269,8 +186,19 @@ class Run:
         return self.path / "backend"
 
     def _append(self, name: str, record: dict[str, Any]) -> None:
-        with open(self.path / name, "a") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
+        """One JSON line, whole or not at all: a write that fails (a full disk) is cut back,
+        so the file never ends in half a record."""
+        line = (json.dumps(record, sort_keys=True) + "\n").encode()
+        with open(self.path / name, "ab", buffering=0) as f:
+            start = f.seek(0, os.SEEK_END)
+            try:
+                written = 0
+                while written < len(line):
+                    written += f.write(line[written:])
+            except OSError:
+                with suppress(OSError):  # a device file cannot be truncated: it kept nothing
+                    f.truncate(start)
+                raise
 
     def metrics(self, **record: Any) -> None:
         """Append one step's record, checked against this journey's metrics schema."""
@@ -312,7 +240,7 @@ class Run:
     def summary(self, data: dict[str, Any]) -> dict[str, Any]:
         self.close_progress()
         data = {**data, "run_dir": str(self.path), "git_revision": git_revision()}
-        _write_json_atomic(self.path / "summary.json", data)
+        write_json_atomic(self.path / "summary.json", data)
         self.trackers.close()
         return data
 
@@ -367,6 +295,11 @@ class Run:
                 explained.cancel_open_jobs()
 
 
+def run_path(journey: str, profile: Any, log_path: str = "", run_name: str = "") -> Path:
+    """``log_path``, else ``runs/<journey>/<run_name or the profile's name>``."""
+    return Path(log_path) if log_path else runs_root() / journey / (run_name or profile.name)
+
+
 def open_run(
     journey: str,
     profile: Any,
@@ -375,17 +308,19 @@ def open_run(
     log_path: str = "",
     run_name: str = "",
     if_exists: str = "resume",
+    steps: int | None = None,
 ) -> Run:
     """Open ``runs/<journey>/<run_name or profile name>`` (or ``log_path``) as ``if_exists`` says.
 
     ``profile`` has ``name``, ``config_hash`` and ``raw``; ``config`` is the journey's chz
     config, recorded in ``config.json``. The returned run's ``finished`` holds the stored
     summary when a finished run is resumed (nothing left to do), and ``resume`` the newest
-    checkpoint state when an unfinished one is.
+    checkpoint state when an unfinished one is. ``steps`` (the command line's, None for the
+    profile's) larger than a finished run's continues it from its newest resumable checkpoint.
     """
     if if_exists not in IF_EXISTS:
         raise CheckpointError(f"if_exists={if_exists!r}; accepted: {', '.join(IF_EXISTS)}")
-    path = Path(log_path) if log_path else runs_root() / journey / (run_name or profile.name)
+    path = run_path(journey, profile, log_path, run_name)
     checkpoints = RunCheckpoints(path / "checkpoints")
     existing = [name for name in _RECORDS if (path / name).exists()] + (
         [f"checkpoints up to step {checkpoints.steps()[-1]}"] if checkpoints.steps() else []
@@ -418,10 +353,22 @@ def open_run(
     summary_path = path / "summary.json"
     last_step = max((m.get("step", 0) for m in run.read_metrics()), default=0)
     if summary_path.exists() and (latest is None or latest["step"] < last_step):
-        # Finished, and its newest checkpoint (if any) is not its end: nothing to resume.
-        run.finished = json.loads(summary_path.read_text())
-        log.info("%s is a finished run; returning its summary (if_exists=resume)", path)
-        return run
+        # Finished, and its newest checkpoint (if any) is not its end: nothing to resume,
+        # unless more steps are asked for than it trained (then from that checkpoint).
+        if steps is None or steps <= last_step:
+            run.finished = json.loads(summary_path.read_text())
+            log.info("%s is a finished run of %d steps; returning its summary (if_exists=resume)",
+                     path, last_step)  # fmt: skip
+            return run
+        if latest is None:
+            raise CheckpointError(
+                f"{path} is a finished run of {last_step} steps with no resumable checkpoint, "
+                f"so steps={steps} cannot continue it; pass if_exists=overwrite (or another "
+                f"run_name) to train {steps} steps from the start, and a checkpoint interval "
+                "(ckpt_interval= or the profile's ckpt.interval) to make a run extendable"
+            )
+        log.info("%s finished at step %d; steps=%d continues it from its checkpoint at step %d "
+                 "(steps after it are trained again)", path, last_step, steps, latest["step"])  # fmt: skip
     if latest is None and last_step:
         raise CheckpointError(
             f"{path} holds an unfinished run (metrics up to step {last_step}) with no "
@@ -429,7 +376,7 @@ def open_run(
             "another run_name"
         )
     run.reload_resume()
-    _write_json_atomic(
+    write_json_atomic(
         path / "config.json",
         {
             "journey": journey,
@@ -495,6 +442,42 @@ def command_line(config_cls: type, profile_cls: type, main: Any, report: Any = N
             where = ""
         print(f"error: {exc}{where}", file=sys.stderr)
         return 2
+    except Exception as exc:  # noqa: BLE001 - only a full disk is reported here, else re-raised
+        if not disk_full(exc):
+            raise
+        opened = last_opened()
+        kept = ""
+        if opened is not None:
+            steps = RunCheckpoints(opened / "checkpoints").steps()
+            done = max((json.loads(x).get("step", 0) for x in _lines(opened / "metrics.jsonl")),
+                       default=0)  # fmt: skip
+            kept = (
+                f"; kept in {opened}: records of steps 1-{done}, resume points "
+                f"{steps or 'none'}: free space and rerun the same command to resume"
+            )
+        print(f"error: {exc}{kept}", file=sys.stderr)
+        return 2
     if report is not None:
         print(report(result))
     return 0
+
+
+def disk_full(exc: BaseException) -> bool:
+    """A write that ran out of space: this process's (ENOSPC) or the backend's (its message
+    starts with :data:`cortex_recipes.local.errors.DISK_FULL`)."""
+    from cortex_recipes.local.errors import DISK_FULL
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or DISK_FULL in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return [line for line in path.read_text().splitlines() if line.strip()]
+    except OSError:
+        return []

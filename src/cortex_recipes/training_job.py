@@ -11,6 +11,7 @@ from typing import Any
 
 from cortex_recipes import frames, save_results
 from cortex_recipes.run import Run
+from cortex_recipes.run_store import MANIFEST_FILE, MANIFESTED, local_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,9 @@ def save_resume_point(
     ``stage_path``) in ``checkpoints/step_N/state.json``, then its ``checkpoints.jsonl`` line
     (with ``line``, what else the journey records about the save). The state is written first:
     a run killed between the two resumes from it and logs nothing twice."""
+    directory = local_checkpoint(run.backend_dir, trainer)
+    if directory is not None and (directory / MANIFEST_FILE).is_file():
+        state = {**state, MANIFESTED: True}  # from now on this run needs the proof (run_store)
     run.checkpoints.save(step, {**state, "config_hash": run.config_hash, "trainer": trainer})
     run.checkpoint(step=step, checkpoint_type="resumable", **trainer, **line)
 

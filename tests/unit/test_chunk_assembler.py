@@ -137,3 +137,32 @@ def test_malformed_chunk_metadata_is_a_400_that_names_the_field():
     ]:
         with pytest.raises(BackendError, match=field):
             request_chunk(wire.dumps(payload, metadata=metadata), "forward-backward")
+
+
+def _altered(chunk: bytes) -> bytes:
+    """The same chunk (its descriptor untouched) with one payload byte changed."""
+    return chunk[:-1] + bytes([chunk[-1] ^ 0xFF])
+
+
+def test_a_retry_with_other_bytes_is_a_409_before_and_after_the_group_ran():
+    """A chunk resent under the same group with different bytes is a conflicting write: never
+    taken, whether its group is still assembling or already ran (then the 409 names the
+    request it produced); the same bytes replay as before."""
+    assembler = ChunkAssembler()
+    parts = _chunked(4, group="retry")
+    _send(assembler, parts[0])
+    _send(assembler, parts[1])
+    with pytest.raises(Conflict, match="chunk 1 of group retry was sent with different bytes"):
+        _send(assembler, _altered(parts[1]))
+    for part in parts[2:]:
+        done = _send(assembler, part)
+    assembler.ran(request_chunk(parts[-1], "test"), "req-9")
+    with pytest.raises(Conflict) as err:
+        _send(assembler, _altered(parts[1]))
+    assert err.value.code == "chunk_group_conflict" and err.value.status == 409
+    assert "chunk 1 of group retry (request req-9)" in str(err.value)
+    with pytest.raises(Conflict, match=r"chunk \d+ of group retry \(request req-9\)"):
+        _send(assembler, _altered(parts[-1]))
+    assert _send(assembler, parts[1]).frame is None  # an honest replay is still accepted
+    assert _send(assembler, parts[-1]).request_id == "req-9"
+    assert done.frame is not None

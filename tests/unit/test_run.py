@@ -105,6 +105,45 @@ def test_resume_continues_after_the_newest_checkpoint_and_drops_later_records(tm
     assert [json.loads(x)["step"] for x in lines] == [1, 2, 3]
 
 
+def finished_run(tmp_path: Path, steps: int, checkpoint_at: int | None) -> None:
+    run = open_run("sft", Profile(), {}, log_path=str(tmp_path))
+    for step in range(1, steps + 1):
+        run.metrics(**sft_record(step))
+        run.checkpoint(step=step)
+    if checkpoint_at is not None:
+        run.checkpoints.save(checkpoint_at, {"config_hash": "hash-a", "trainer": trainer()})
+    run.summary({"final_loss": 1.5, "steps": steps})
+
+
+def test_more_steps_continue_a_finished_run_from_its_newest_checkpoint(tmp_path):
+    """steps=6 on a finished 4-step run (issue 47, item 5): not the old summary as if it were
+    the new one, but the run again from its checkpoint, its later records dropped."""
+    finished_run(tmp_path, 4, checkpoint_at=3)
+    more = open_run("sft", Profile(), {}, log_path=str(tmp_path), steps=6)
+    assert more.finished is None and more.resumed_from_step == 3
+    assert [m["step"] for m in more.read_metrics()] == [1, 2, 3]
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_the_same_or_fewer_steps_return_the_finished_runs_summary(tmp_path):
+    finished_run(tmp_path, 4, checkpoint_at=3)
+    for steps in (None, 4, 2):
+        again = open_run("sft", Profile(), {}, log_path=str(tmp_path), steps=steps)
+        assert again.finished["final_loss"] == 1.5
+    assert [m["step"] for m in again.read_metrics()] == [1, 2, 3, 4]
+
+
+def test_more_steps_on_a_finished_run_without_a_checkpoint_say_why_and_how(tmp_path):
+    finished_run(tmp_path, 4, checkpoint_at=None)
+    with pytest.raises(CheckpointError) as err:
+        open_run("sft", Profile(), {}, log_path=str(tmp_path), steps=6)
+    message = str(err.value)
+    assert "finished run of 4 steps with no resumable checkpoint" in message
+    assert "steps=6 cannot continue it" in message and "if_exists=overwrite" in message
+    assert (tmp_path / "summary.json").is_file()  # nothing touched
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 4
+
+
 def test_resume_with_a_changed_profile_names_both_hashes(tmp_path):
     open_run("sft", Profile(), {}, log_path=str(tmp_path)).metrics(**sft_record(1))
     with pytest.raises(CheckpointError, match="profile hash hash-a.*hashes to hash-b"):

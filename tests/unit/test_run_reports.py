@@ -28,8 +28,13 @@ def reports():
         "math_grpo": (math_grpo.summary_line, {**common, "eval_accuracy": [], "rewards": []}),
         "async_grpo": (
             async_grpo.summary_line,
-            {**common, "orchestrator": "prime-rl", "eval_accuracy": [], "losses": [],
-             "published_versions": [0]},
+            {
+                **common,
+                "orchestrator": "prime-rl",
+                "eval_accuracy": [],
+                "losses": [],
+                "published_versions": [0],
+            },
         ),  # fmt: skip
     }
 

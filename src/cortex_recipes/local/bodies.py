@@ -53,9 +53,19 @@ def _depth_exceeds(value: Any, limit: int) -> bool:
     return False
 
 
-def check_depth(value: Any, what: str) -> Any:
+JSON_BODY = "JSON body"
+DSSST1_HEADER = "DSSST1 frame header (its JSON metadata)"
+DSSST1_FRAME = "DSSST1 frame"
+
+
+def too_deep(what: str, fmt: str) -> BackendError:
+    """The 400 for a structure nested past :data:`MAX_JSON_DEPTH`, naming the format."""
+    return BackendError(f"{what}: the {fmt} nests deeper than {MAX_JSON_DEPTH} levels")
+
+
+def check_depth(value: Any, what: str, fmt: str = JSON_BODY) -> Any:
     if _depth_exceeds(value, MAX_JSON_DEPTH):
-        raise BackendError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
+        raise too_deep(what, fmt)
     return value
 
 
@@ -66,7 +76,7 @@ def parse_json(raw: bytes, what: str) -> Any:
     try:
         value = json.loads(raw)
     except RecursionError as exc:
-        raise BackendError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels") from exc
+        raise too_deep(what, JSON_BODY) from exc
     except ValueError as exc:
         raise BackendError(f"{what} is not valid JSON: {abridge(str(exc), 120)}") from exc
     return check_depth(value, what)
@@ -85,12 +95,12 @@ def decode_frame(data: bytes, where: str) -> Any:
     except wire.WireError as exc:
         raise BackendError(f"{where}: {exc}") from exc
     except RecursionError as exc:
-        raise BackendError(f"{where}: DSSST1 structure nests too deep") from exc
+        raise too_deep(where, DSSST1_FRAME) from exc
     except Exception as exc:  # malformed JSON inside a header, bad dtypes, ...
         raise BackendError(
             f"{where}: not a valid DSSST1 frame ({type(exc).__name__}: {abridge(str(exc), 120)})"
         ) from exc
-    return check_depth(value, where)
+    return check_depth(value, where, DSSST1_FRAME)
 
 
 @dataclass(frozen=True)
@@ -116,12 +126,12 @@ def request_chunk(data: bytes, where: str) -> ChunkDescriptor | None:
     try:
         metadata = wire.read_metadata(data)
     except RecursionError as exc:
-        raise BackendError(f"{where}: frame metadata nests too deep") from exc
+        raise too_deep(where, DSSST1_HEADER) from exc
     except (wire.WireError, ValueError, TypeError) as exc:
         raise BackendError(f"{where}: unreadable frame metadata ({abridge(str(exc))})") from exc
     if not isinstance(metadata, dict):
         raise BackendError(f"{where}: frame metadata must be an object, got {abridge(metadata)}")
-    check_depth(metadata, f"{where} metadata")
+    check_depth(metadata, where, DSSST1_HEADER)
     if "result_chunk" in metadata:
         raise BackendError(f"{where}: accepts request chunks, got a result chunk")
     if "request_chunk" not in metadata:

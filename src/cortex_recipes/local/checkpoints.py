@@ -20,6 +20,7 @@ the files its type needs and loaded with a warning that its contents are unverif
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -33,7 +34,7 @@ import torch
 from cortex_training import wire
 from safetensors.torch import load_file, save_file
 
-from cortex_recipes.local.errors import BackendError, Conflict, NotFound
+from cortex_recipes.local.errors import DISK_FULL, BackendError, Conflict, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +177,31 @@ def restore_rng(state: dict[str, torch.Tensor], device: torch.device) -> None:
 # -- one checkpoint directory ------------------------------------------------------------------------
 
 
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or one it was raised from) is a write that ran out of space: an
+    ``OSError`` ENOSPC, or safetensors' error that wraps one (``os error 28``)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(exc) or "os error 28" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes free on the file system holding ``path`` (or its nearest existing parent)."""
+    path = Path(path)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
 def write_checkpoint(
     directory: Path,
     *,
@@ -185,7 +211,35 @@ def write_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     device: torch.device | None = None,
 ) -> None:
-    """Write a complete checkpoint into the empty ``directory`` (the caller publishes it)."""
+    """Write a complete checkpoint into the empty ``directory`` (the caller publishes it, or
+    discards it when this raises). A full disk is a BackendError that says so
+    (:data:`~cortex_recipes.local.errors.DISK_FULL`), with the folder and the bytes free."""
+    try:
+        _write_checkpoint(
+            directory, model=model, tokenizer=tokenizer, meta=meta, optimizer=optimizer,
+            device=device,
+        )  # fmt: skip
+    except Exception as exc:
+        if not is_disk_full(exc):
+            raise
+        raise BackendError(
+            f"{DISK_FULL} while saving checkpoint {meta.get('checkpoint_id')} into {directory} "
+            f"({free_bytes(directory)} bytes free there): this checkpoint is not kept, every "
+            "earlier one is intact",
+            status=507,
+            code="disk_full",
+        ) from exc
+
+
+def _write_checkpoint(
+    directory: Path,
+    *,
+    model,
+    tokenizer,
+    meta: dict[str, Any],
+    optimizer: torch.optim.Optimizer | None = None,
+    device: torch.device | None = None,
+) -> None:
     if meta.get("lora"):
         save_adapter(model, directory / ADAPTER_WEIGHTS)
         model.peft_config["default"].save_pretrained(str(directory))

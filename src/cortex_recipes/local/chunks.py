@@ -9,8 +9,9 @@ Invariants:
 - The size and sha256 checks of the reassembled frame are ``cortex_training.wire``'s own
   (:func:`wire.decode_byte_chunks`), not a second copy of them.
 - A group runs at most once: once it has produced a request it keeps only what replay needs
-  (the binding and the request id), never its bytes. A replayed final chunk returns the same
-  request id.
+  (the binding, the request id and each chunk's sha256), never its bytes. A replayed final
+  chunk returns the same request id; a replayed chunk with other bytes than the one received
+  is a 409 ``chunk_group_conflict`` naming the chunk index, the group and the request id.
 - Memory is bounded: incomplete groups expire after :data:`INCOMPLETE_TTL_S` and at most
   :data:`MAX_INCOMPLETE_GROUPS` / :data:`MAX_INCOMPLETE_BYTES` of them are held (oldest dropped
   first; a dropped group restarts from chunk 0); at most :data:`MAX_FINISHED_GROUPS` finished
@@ -56,6 +57,16 @@ class _Group:
 
 
 @dataclass(frozen=True)
+class _Finished:
+    """What a group that ran keeps: its binding, the request it produced and each chunk's
+    sha256 (a replayed chunk must carry the same bytes), never the bytes."""
+
+    binding: tuple[str, int, int]
+    request_id: str
+    digests: dict[int, str]
+
+
+@dataclass(frozen=True)
 class Accepted:
     """What one chunk did: ``frame`` is set when it completed its group (run it now);
     ``request_id`` when the group already ran (a replay)."""
@@ -71,7 +82,9 @@ class ChunkAssembler:
     def __init__(self, *, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
         self._incomplete: OrderedDict[str, _Group] = OrderedDict()
-        self._finished: OrderedDict[str, tuple[str, int, int, str]] = OrderedDict()
+        self._finished: OrderedDict[str, _Finished] = OrderedDict()
+        # chunk digests of groups completed but not yet recorded by ran() (a few at most)
+        self._digests: OrderedDict[str, dict[int, str]] = OrderedDict()
         self._lock = threading.Lock()
 
     def held_bytes(self) -> int:
@@ -104,14 +117,21 @@ class ChunkAssembler:
             self._expire(now)
             finished = self._finished.get(desc.group_id)
             if finished is not None:
-                if finished[:3] != binding:
+                if finished.binding != binding:
                     raise Conflict(
                         f"chunk_group_id {desc.group_id} was already used for a different frame",
                         code="chunk_group_conflict",
                     )
+                if finished.digests.get(desc.index, digest) != digest:
+                    raise Conflict(
+                        f"chunk {desc.index} of group {desc.group_id} (request "
+                        f"{finished.request_id}) was sent with different bytes than the chunk "
+                        "already received; a retry must resend the same bytes",
+                        code="chunk_group_conflict",
+                    )
                 self._finished.move_to_end(desc.group_id)
                 if desc.index == desc.total - 1:
-                    return Accepted(received=desc.total, request_id=finished[3])
+                    return Accepted(received=desc.total, request_id=finished.request_id)
                 return Accepted(received=desc.index + 1)
             group = self._incomplete.get(desc.group_id)
             if group is None:
@@ -146,6 +166,9 @@ class ChunkAssembler:
                     )
                 return Accepted(received=len(group.chunks))
             del self._incomplete[desc.group_id]
+            self._digests[desc.group_id] = dict(group.digests)  # for ran(): replays check them
+            while len(self._digests) > MAX_INCOMPLETE_GROUPS:  # completed groups that never ran
+                self._digests.popitem(last=False)
         try:
             frame = wire.decode_byte_chunks(
                 [group.chunks[i] for i in range(group.total)], kind="request"
@@ -157,11 +180,10 @@ class ChunkAssembler:
     def ran(self, desc: ChunkDescriptor, request_id: str) -> None:
         """Record that a completed group produced ``request_id`` (its bytes are already gone)."""
         with self._lock:
-            self._finished[desc.group_id] = (
-                desc.frame_sha256,
-                desc.total,
-                desc.frame_size,
+            self._finished[desc.group_id] = _Finished(
+                (desc.frame_sha256, desc.total, desc.frame_size),
                 request_id,
+                self._digests.pop(desc.group_id, {}),
             )
             while len(self._finished) > MAX_FINISHED_GROUPS:
                 self._finished.popitem(last=False)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# The words every out-of-space error of this backend starts with; a journey that sees them in a
+# failed request reports a full disk instead of a traceback (cortex_recipes.run.command_line).
+DISK_FULL = "the disk is full"
+
 
 class BackendError(Exception):
     """A problem with the caller's input; reported with ``status`` and a message naming it."""
