@@ -58,13 +58,14 @@ def check_numbers(config_fields: dict[str, Any], raw_profile: dict[str, Any]) ->
 
 def check_sub_jobs(profile: Any, connection: str) -> None:
     """The profile's sub-jobs through the local backend's create-job parser."""
-    if connection not in LOCAL_CONNECTIONS:
+    sub_jobs = getattr(profile, "sub_jobs", None)  # every journey profile has them
+    if connection not in LOCAL_CONNECTIONS or sub_jobs is None:
         return
     from cortex_recipes.local.errors import BackendError
     from cortex_recipes.local.specs import parse_sub_jobs
 
     try:
-        wires = [sub_job.to_wire() for sub_job in profile.sub_jobs()]
+        wires = [sub_job.to_wire() for sub_job in sub_jobs()]
         parse_sub_jobs("preflight", wires)
     except (BackendError, ValueError, TypeError) as exc:
         raise ProfileError(
