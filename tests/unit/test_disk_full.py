@@ -48,7 +48,9 @@ def test_other_save_errors_stay_what_they_are():
     from cortex_recipes.local.checkpoints import is_disk_full
 
     assert is_disk_full(OSError(errno.ENOSPC, "No space left on device"))
-    assert is_disk_full(RuntimeError("Error while serializing: IoError(Os { code: 28 ... os error 28"))
+    assert is_disk_full(
+        RuntimeError("Error while serializing: IoError(Os { code: 28 ... os error 28")
+    )
     assert not is_disk_full(OSError(errno.EACCES, "Permission denied"))
     assert not is_disk_full(ValueError("bad tensor"))
 
@@ -107,5 +109,3 @@ class _Profile:
     name = "p"
     config_hash = "hash-a"
     raw: dict = {"name": "p"}
-
-
