@@ -165,3 +165,30 @@ def test_a_run_resumes_from_the_newest_checkpoint_that_verifies(tmp_path):
     steps = [json.loads(x)["step"] for x in lines if x.strip()]
     assert steps == [1, 2, 3]
     assert resumed["losses"] == pytest.approx(whole["losses"], rel=1e-5, abs=1e-6)
+
+
+def test_more_steps_continue_a_finished_run_from_its_checkpoint(tmp_path):
+    """The SFT journey finished at step 2 (a resumable save at step 1, the last save
+    weights-only); ``steps=3`` continues it from step 1 instead of returning the old summary:
+    steps 2 and 3 are trained, every step is logged once, and step 2 trains as it did."""
+    import subprocess
+
+    from tests.e2e.test_grpo_journeys import ROOT, command
+
+    module = "recipes.sft.conversational.train"
+    args = {
+        "profile": "recipes/sft/conversational/configs/local-cpu-tiny-qwen3.json",
+        "ckpt_interval": 1,
+        "log_path": tmp_path,
+    }
+    subprocess.run(command(module, steps=2, **args), cwd=ROOT, check=True, capture_output=True)
+    first = json.loads((tmp_path / "summary.json").read_text())
+    again = subprocess.run(
+        command(module, steps=3, **args), cwd=ROOT, check=True, capture_output=True, text=True
+    )
+    longer = json.loads((tmp_path / "summary.json").read_text())
+    assert "finished at step 2; steps=3 continues it from its checkpoint at step 1" in again.stderr
+    assert longer["resumed_from_step"] == 1 and len(longer["losses"]) == 3
+    assert longer["losses"][:2] == pytest.approx(first["losses"], rel=1e-5, abs=1e-6)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines if x.strip()] == [1, 2, 3]

@@ -43,9 +43,9 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) ->
 @pytest.mark.parametrize(
     ("module", "arg", "fragments"),
     [
-        (SFT, "steps=-3", ["steps=-3", "an integer >= 0"]),
+        (SFT, "steps=-3", ["steps=-3", "an integer >= 1"]),
         (SFT, "ckpt_interval=-1", ["ckpt_interval=-1", "an integer >= 0"]),
-        ("recipes.rl.math_grpo.train", "steps=-1", ["steps=-1", ">= 0"]),
+        ("recipes.rl.math_grpo.train", "steps=-1", ["steps=-1", ">= 1"]),
         ("recipes.agentic.tito.train", "warm_start_steps=-2", ["warm_start_steps=-2", ">= -1"]),
         (SFT, "learning_rate=-1", ["learning_rate", "-1"]),
         (SFT, "no_such_field=1", ["no_such_field", "accepted:"]),
