@@ -8,6 +8,8 @@
     python ci/images.py --journey sft --qualify sft     # CI: build, smoke, CPU qualify in the image
     python ci/images.py --journey tito --stop tito      # and `<engine> stop` a running train
     python ci/images.py qualify --journey sft [--profile P] [--gpus] [--out DIR]   # a built image
+    python ci/images.py --journey grpo --primerl-clones DIR   # and grpo's prime-rl variant from
+                                                        # local clones (ci/primerl_image.py)
 
 ``qualify`` runs the image's ``qualify`` verb with a directory mounted at /out, the image ID
 passed in as ``CORTEX_RECIPES_IMAGE_DIGEST``, and then checks the record it wrote there: it
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -41,6 +44,8 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "ci"))
+import primerl_image  # noqa: E402
 
 
 def run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
@@ -315,10 +320,25 @@ BACKEND_UP = "local backend at"
 STOP_TIMEOUT_S = 10
 
 
-def stop_image(engine: str, image: str, wait_s: float = 600.0) -> dict:
-    """Start ``train`` in ``image``, and once its backend is up, ``<engine> stop`` it with the
-    default 10 s timeout: the container must exit by itself (not 137, the engine's SIGKILL),
-    within those 10 s, saying what resumes the run. Returns seconds, exit code and problems."""
+#: how long the stop check watches ``train`` print after its backend is up, before stopping it
+WATCH_S = 75.0
+#: the longest silence allowed while watching: the plain progress lines' period (30 s,
+#: cortex_recipes.progress) and 5 s for a line to reach the engine's log
+MAX_SILENCE_S = 35.0
+
+
+def longest_silence(times: list[float], start: float, end: float) -> float:
+    """The longest gap between ``start``, the line times within it and ``end``, in seconds."""
+    points = [start, *sorted(t for t in times if start <= t <= end), end]
+    return max(b - a for a, b in itertools.pairwise(points))
+
+
+def stop_image(engine: str, image: str, wait_s: float = 600.0, watch_s: float = WATCH_S) -> dict:
+    """Start ``train`` in ``image`` without a terminal; once its backend is up, watch its output
+    for ``watch_s`` (no silence over MAX_SILENCE_S: the plain progress lines), then ``<engine>
+    stop`` it with the default 10 s timeout: the container must exit by itself (not 137, the
+    engine's SIGKILL), within those 10 s, saying what resumes the run. Returns seconds, the
+    longest silence, exit code and problems."""
     import threading
 
     name = f"cortex-stop-check-{os.getpid()}"
@@ -326,25 +346,39 @@ def stop_image(engine: str, image: str, wait_s: float = 600.0) -> dict:
         [engine, "run", "--rm", "--name", name, image, "train"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    lines: list[tuple[float, str]] = []
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append((time.monotonic(), line))
+
+    reader = threading.Thread(target=read, daemon=True)
     reader.start()
     started = time.monotonic()
-    while not any(BACKEND_UP in line for line in list(lines)):
+    while not any(BACKEND_UP in line for _, line in list(lines)):
         if proc.poll() is not None or time.monotonic() - started > wait_s:
             subprocess.run([engine, "rm", "--force", name], check=False, capture_output=True)
             return {"stop_problems": [f"train never logged {BACKEND_UP!r} (rc {proc.poll()})"]}
         time.sleep(0.5)
-    result = {"stop_after_s": round(time.monotonic() - started, 1)}
+    up = time.monotonic()
+    result = {"stop_after_s": round(up - started, 1)}
+    while time.monotonic() - up < watch_s and proc.poll() is None:
+        time.sleep(0.5)
     signalled = time.monotonic()
+    silence = longest_silence([t for t, _ in list(lines)], up, signalled)
+    result.update(watched_s=round(signalled - up, 1), longest_silence_s=round(silence, 1))
     subprocess.run(
         [engine, "stop", "--time", str(STOP_TIMEOUT_S), name], check=False, capture_output=True
     )
     returncode = proc.wait(timeout=60)
     reader.join(timeout=10)
     result.update(stop_s=round(time.monotonic() - signalled, 1), stop_rc=returncode)
-    output = "".join(lines)
+    output = "".join(line for _, line in lines)
     problems = []
+    if silence > MAX_SILENCE_S:
+        problems.append(
+            f"train printed nothing for {silence:.1f} s while running (at most {MAX_SILENCE_S})"
+        )
     if returncode == 137:
         problems.append("the engine had to SIGKILL the container (rc 137): SIGTERM did not stop it")
     elif returncode != 143:
@@ -356,6 +390,34 @@ def stop_image(engine: str, image: str, wait_s: float = 600.0) -> dict:
     result["stop_problems"] = problems
     if problems:
         print(output[-4000:], file=sys.stderr)
+    return result
+
+
+def primerl_variant(
+    engine: str, grpo_image: str, version: str, clones_dir: str | None, keep: bool = False
+) -> dict:
+    """Build grpo's prime-rl variant from local clones and train it one step, or say in one line
+    why not (ci/primerl_image.py). The variant is removed again unless ``keep``."""
+    commits = primerl_image.pinned_commits()
+    clones, why = primerl_image.find_clones(clones_dir, commits)
+    if not clones:
+        print(f"ci/images.py: grpo-primerl skipped: {why}", file=sys.stderr, flush=True)
+        return {"primerl_variant": f"skipped: {why}"}
+    tag, pinned = f"cortex/grpo-primerl:{version}", "cortex/grpo-primerl:pinned"
+    result: dict = {"primerl_variant": tag}
+    try:
+        result["primerl_build_s"] = round(
+            primerl_image.build_variant(engine, grpo_image, tag, clones, commits, run), 1
+        )
+        run([engine, "tag", tag, pinned])
+        result["primerl_size_mb"] = round(image_size(engine, tag) / 2**20)
+        result.update(primerl_image.train_variant(engine, pinned))
+        result["primerl_problems"] = []
+    except subprocess.CalledProcessError as exc:
+        result["primerl_problems"] = [describe_failure(exc)]
+    finally:
+        if not keep:
+            primerl_image.remove(engine, tag, pinned)
     return result
 
 
@@ -397,6 +459,13 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="JOURNEY[:PROFILE]",
         help="after the smoke, run qualify in this journey's image and check its record",
+    )
+    parser.add_argument(
+        "--primerl-clones",
+        default=os.environ.get(primerl_image.CLONES_ENV),
+        metavar="DIR",
+        help="with grpo: also build cortex/grpo-primerl from DIR/prime-rl and DIR/verifiers "
+        f"(default ${primerl_image.CLONES_ENV}); without them, say why it was skipped",
     )
     parser.add_argument("--profile", help="qualify: a profile name (default: the image picks)")
     parser.add_argument("--out", help="qualify: the directory mounted at /out")
@@ -487,6 +556,14 @@ def main(argv: list[str] | None = None) -> int:
                 result.update(stop_image(args.engine, pinned))
                 if result["stop_problems"]:
                     failed.append(journey["name"])
+            if journey["name"] == "grpo":
+                result.update(
+                    primerl_variant(
+                        args.engine, pinned, version, args.primerl_clones, keep=args.keep
+                    )
+                )
+                if result.get("primerl_problems") or result.get("primerl_train_problems"):
+                    failed.append("grpo-primerl")
             if journey["name"] in qualify:
                 result.update(
                     qualify_image(

@@ -174,3 +174,11 @@ def test_a_failed_step_is_described_in_one_line():
     line = images.describe_failure(exc)
     assert "\n" not in line
     assert line.startswith("`podman build --format ...` exited 125") and "daemon" in line
+
+
+def test_the_longest_silence_counts_from_the_backend_up_to_the_stop_signal():
+    """Lines before the watch window do not shorten it; the gap after the last line counts."""
+    assert images.longest_silence([5.0, 20.0, 40.0], 10.0, 60.0) == 20.0
+    assert images.longest_silence([], 10.0, 85.0) == 75.0
+    assert images.longest_silence([11.0, 41.0, 70.0, 84.0], 10.0, 85.0) == 30.0
+    assert images.MAX_SILENCE_S < images.WATCH_S  # a silent run cannot pass by ending early

@@ -44,3 +44,28 @@ def test_a_removed_file_fails_the_delta(tmp_path):
     venv_delta.main(["snapshot", str(venv), str(manifest)])
     (venv / "gone.py").unlink()
     assert venv_delta.main(["copy", str(venv), str(manifest), str(tmp_path / "delta")]) == 1
+
+
+def test_bytecode_rewritten_with_the_same_bytes_stays_in_the_shared_layer(tmp_path, capsys):
+    """uv compiles all of site-packages after any install: a .pyc rewritten with its old bytes
+    (a new mtime) is not part of the delta, one with new bytes is, and so is any other file
+    whose mtime moved (only bytecode is compared by content)."""
+    site = tmp_path / "opt" / "venv" / "site"
+    (site / "__pycache__").mkdir(parents=True)
+    same = site / "__pycache__" / "torch.cpython-311.pyc"
+    other = site / "__pycache__" / "peft.cpython-311.pyc"
+    touched = site / "torch.py"
+    for path, text in ((same, b"\x00same"), (other, b"\x00old!"), (touched, b"source")):
+        path.write_bytes(text)
+        os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+    manifest = tmp_path / "manifest.json"
+    assert venv_delta.main(["snapshot", str(site.parent), str(manifest)]) == 0
+    same.write_bytes(b"\x00same")
+    other.write_bytes(b"\x00new!")  # same size, other bytes
+    touched.write_bytes(b"source")  # same bytes, but not bytecode: copied by its mtime
+    delta = tmp_path / "delta"
+    assert venv_delta.main(["copy", str(site.parent), str(manifest), str(delta)]) == 0
+    copied = delta / site.parent.relative_to("/")
+    files = sorted(str(p.relative_to(copied)) for p in copied.rglob("*") if not p.is_dir())
+    assert files == ["site/__pycache__/peft.cpython-311.pyc", "site/torch.py"]
+    assert "2 new or changed file(s) of 3 (1 .pyc file(s)" in capsys.readouterr().out

@@ -34,7 +34,13 @@ if [ -n "$prime_rl" ] && [ -n "$verifiers" ]; then
 else
   "${pip[@]}" -r "$here/requirements-git.txt"
 fi
-"$venv/bin/python" "$here/../../../../src/cortex_recipes/primerl/import_standins.py" orchestrator --help >/dev/null
+# The stand-ins script from this checkout, or (in the grpo image, which has no src/) from the
+# installed project.
+standins="$here/../../../../src/cortex_recipes/primerl/import_standins.py"
+if [ ! -f "$standins" ]; then
+  standins="$(python3 -c 'import importlib.util as u; print(u.find_spec("cortex_recipes.primerl.import_standins").origin)')"
+fi
+"$venv/bin/python" "$standins" orchestrator --help >/dev/null
 # What was installed, by commit, for the journey's summary and evidence
 # (cortex_recipes.primerl.launch.installed_commits).
 source="install.sh from GitHub by commit"
