@@ -394,7 +394,12 @@ def stop_image(engine: str, image: str, wait_s: float = 600.0, watch_s: float = 
 
 
 def primerl_variant(
-    engine: str, grpo_image: str, version: str, clones_dir: str | None, keep: bool = False
+    engine: str,
+    grpo_image: str,
+    version: str,
+    clones_dir: str | None,
+    keep: bool = False,
+    python312: str | None = None,
 ) -> dict:
     """Build grpo's prime-rl variant from local clones and train it one step, or say in one line
     why not (ci/primerl_image.py). The variant is removed again unless ``keep``."""
@@ -407,7 +412,8 @@ def primerl_variant(
     result: dict = {"primerl_variant": tag}
     try:
         result["primerl_build_s"] = round(
-            primerl_image.build_variant(engine, grpo_image, tag, clones, commits, run), 1
+            primerl_image.build_variant(engine, grpo_image, tag, clones, commits, run, python312),
+            1,
         )
         run([engine, "tag", tag, pinned])
         result["primerl_size_mb"] = round(image_size(engine, tag) / 2**20)
@@ -415,6 +421,8 @@ def primerl_variant(
         result["primerl_problems"] = []
     except subprocess.CalledProcessError as exc:
         result["primerl_problems"] = [describe_failure(exc)]
+    except ValueError as exc:
+        result["primerl_problems"] = [str(exc)]
     finally:
         if not keep:
             primerl_image.remove(engine, tag, pinned)
@@ -466,6 +474,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="with grpo: also build cortex/grpo-primerl from DIR/prime-rl and DIR/verifiers "
         f"(default ${primerl_image.CLONES_ENV}); without them, say why it was skipped",
+    )
+    parser.add_argument(
+        "--primerl-python312",
+        default=os.environ.get(primerl_image.PYTHON312_ENV),
+        metavar="PREFIX",
+        help="with --primerl-clones: a local CPython 3.12 install to put in the variant in place "
+        f"of uv's download from GitHub (default ${primerl_image.PYTHON312_ENV})",
     )
     parser.add_argument("--profile", help="qualify: a profile name (default: the image picks)")
     parser.add_argument("--out", help="qualify: the directory mounted at /out")

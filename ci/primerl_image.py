@@ -4,15 +4,20 @@
 the ``grpo`` image when DIR holds ``prime-rl/`` and ``verifiers/`` git clones that contain the
 pinned commits (recipes/rl/async_grpo/primerl/requirements-git.txt): each is cloned again,
 checked out at its pin, into a fresh build context, and ``docker/primerl.Dockerfile``'s
-``from-clones`` target installs them (no GitHub needed). Then the variant's ``train`` runs the
-tiny profile for one step through prime-rl's own orchestrator. Without usable clones it says
-why it skipped, in one line, and builds nothing (CI reaches PyPI and Debian, not GitHub).
+``from-clones`` target installs them. prime-rl needs CPython 3.12, which the grpo image lacks
+and Debian bookworm does not ship; uv downloads it from GitHub, so on a machine without GitHub
+``--primerl-python312 PREFIX`` (or ``$CORTEX_RECIPES_PRIMERL_PYTHON312``) puts a local CPython
+3.12 install into the context, copied to the same prefix in the image (a shared-library build
+finds its libpython there). Then the variant's ``train`` runs the tiny profile for one step
+through prime-rl's own orchestrator. Without usable clones it says why it skipped, in one
+line, and builds nothing (CI reaches PyPI and Debian, not GitHub).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import time
@@ -21,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PINS = ROOT / "recipes" / "rl" / "async_grpo" / "primerl" / "requirements-git.txt"
 CLONES_ENV = "CORTEX_RECIPES_PRIMERL_CLONES"
+PYTHON312_ENV = "CORTEX_RECIPES_PRIMERL_PYTHON312"
 #: the variant's ``train``: the tiny profile (random init, so rewards stay 0) for one step
 TRAIN = ["profile=recipes/rl/async_grpo/configs/local-cpu-tiny-qwen3-smoke.json", "steps=1"]
 #: what the variant's ``train`` must log: prime-rl's orchestrator ran (its processes file) and
@@ -62,9 +68,29 @@ def find_clones(directory: str | os.PathLike | None, commits: dict[str, str]) ->
     return found, ""
 
 
-def make_context(clones: dict[str, Path], commits: dict[str, str], context: Path) -> None:
+def check_python312(prefix: str | os.PathLike) -> Path:
+    """``prefix``'s ``bin/python3.12``, refused unless it runs and is CPython 3.12."""
+    python = Path(prefix, "bin", "python3.12")
+    probe = subprocess.run(
+        [str(python), "-c", "import sys; print(sys.implementation.name, *sys.version_info[:2])"],
+        capture_output=True, text=True, check=False,
+    ) if python.is_file() else None  # fmt: skip
+    if probe is None or probe.returncode != 0 or probe.stdout.split() != ["cpython", "3", "12"]:
+        raise ValueError(f"--primerl-python312 {prefix}: no CPython 3.12 at {python}")
+    return python
+
+
+def make_context(clones: dict[str, Path], commits: dict[str, str], context: Path,
+                 python312: str | os.PathLike | None = None) -> None:  # fmt: skip
     """Clone each project into ``context/<name>`` and check out its pinned commit (detached),
-    so the build context holds exactly the pinned trees and their .git (install.sh checks it)."""
+    so the build context holds exactly the pinned trees and their .git (install.sh checks it);
+    with ``python312``, that CPython prefix as ``python312/`` and its path as
+    ``python312.prefix``."""
+    if python312 is not None:
+        check_python312(python312)
+        prefix = Path(python312).resolve()
+        shutil.copytree(prefix, context / "python312", symlinks=True)
+        (context / "python312.prefix").write_text(f"{prefix}\n")
     for name, path in clones.items():
         target = context / name
         subprocess.run(
@@ -77,11 +103,11 @@ def make_context(clones: dict[str, Path], commits: dict[str, str], context: Path
 
 
 def build_variant(engine: str, base_image: str, tag: str, clones: dict[str, Path],
-                  commits: dict[str, str], run) -> float:  # fmt: skip
+                  commits: dict[str, str], run, python312=None) -> float:  # fmt: skip
     """Build ``tag`` from ``base_image`` (the grpo image) and the clones; returns seconds."""
     with tempfile.TemporaryDirectory(prefix="primerl-context-") as tmp:
         context = Path(tmp)
-        make_context(clones, commits, context)
+        make_context(clones, commits, context, python312)
         started = time.monotonic()
         command = [engine, "build", "--target", "from-clones", "-t", tag]
         if engine != "docker":

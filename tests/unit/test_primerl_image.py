@@ -84,3 +84,16 @@ def test_images_py_skips_the_variant_in_one_line_without_clones(capsys):
     result = images.primerl_variant("podman", "cortex/grpo:pinned", "0.0.0", None)
     assert result["primerl_variant"].startswith("skipped: no local clones")
     assert "grpo-primerl skipped" in capsys.readouterr().err
+
+
+def test_a_local_python_that_is_not_cpython_312_is_refused_naming_it(tmp_path):
+    import os
+    import sys
+
+    with pytest.raises(ValueError, match=r"no CPython 3.12 at .*bin/python3.12"):
+        primerl_image.check_python312(tmp_path / "missing")
+    fake = tmp_path / "prefix"
+    (fake / "bin").mkdir(parents=True)
+    os.symlink(sys.executable, fake / "bin" / "python3.12")  # this interpreter: 3.11
+    with pytest.raises(ValueError, match=r"--primerl-python312 .*prefix"):
+        primerl_image.check_python312(fake)
