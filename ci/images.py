@@ -574,7 +574,12 @@ def main(argv: list[str] | None = None) -> int:
             if journey["name"] == "grpo":
                 result.update(
                     primerl_variant(
-                        args.engine, pinned, version, args.primerl_clones, keep=args.keep
+                        args.engine,
+                        pinned,
+                        version,
+                        args.primerl_clones,
+                        keep=args.keep,
+                        python312=args.primerl_python312,
                     )
                 )
                 if result.get("primerl_problems") or result.get("primerl_train_problems"):

@@ -29,9 +29,9 @@ CLONES_ENV = "CORTEX_RECIPES_PRIMERL_CLONES"
 PYTHON312_ENV = "CORTEX_RECIPES_PRIMERL_PYTHON312"
 #: the variant's ``train``: the tiny profile (random init, so rewards stay 0) for one step
 TRAIN = ["profile=recipes/rl/async_grpo/configs/local-cpu-tiny-qwen3-smoke.json", "steps=1"]
-#: what the variant's ``train`` must log: prime-rl's orchestrator ran (its processes file) and
-#: a step was recorded
-TRAIN_MARKS = ("prime-rl", "step 1/1")
+#: what the variant's ``train`` must print: its summary names prime-rl as the orchestrator that
+#: ran, and a step was recorded
+TRAIN_MARKS = ('"orchestrator": "prime-rl"', "step 1/1")
 
 
 def pinned_commits(pins: Path = PINS) -> dict[str, str]:

@@ -32,7 +32,8 @@ RUN apt-get update \
 # checkout at its pinned commit; install.sh refuses any other commit), mounted (writable, the
 # writes discarded) rather than copied, so no layer keeps them; the context's CPython 3.12 when
 # it carries one, else uv's download. The grpo image sets UV_PYTHON_DOWNLOADS=never (its venv
-# needs no download); that one install asks for it by version.
+# needs no download); that one install asks for it by version. pip reads the system CA bundle
+# (PIP_CERT; upstream pip otherwise carries its own, which a TLS-inspecting proxy fails).
 FROM with-git AS from-clones
 ARG UV_VERSION=0.13.9
 ARG PYTHON312=3.12.16
@@ -50,7 +51,8 @@ RUN --mount=type=bind,target=/tmp/primerl-ctx,rw \
         chmod -R a+rX /opt/python; \
         python="$(UV_PYTHON_INSTALL_DIR=/opt/python /opt/uv/bin/uv python find "${PYTHON312}")"; \
     fi; \
-    PYTHON312="$python" bash /app/recipes/rl/async_grpo/primerl/install.sh /opt/prime-rl-venv \
+    PIP_CERT=/etc/ssl/certs/ca-certificates.crt PYTHON312="$python" \
+        bash /app/recipes/rl/async_grpo/primerl/install.sh /opt/prime-rl-venv \
         "$ctx/prime-rl" "$ctx/verifiers"; \
     rm -rf /opt/uv /root/.cache; \
     chmod -R a+rX /opt/prime-rl-venv
@@ -68,6 +70,7 @@ RUN python3 -m venv /opt/uv \
         /opt/uv/bin/uv python install "${PYTHON312}" \
     && chmod -R a+rX /opt/python \
     && PYTHON312="$(UV_PYTHON_INSTALL_DIR=/opt/python /opt/uv/bin/uv python find "${PYTHON312}")" \
+        PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
         bash /app/recipes/rl/async_grpo/primerl/install.sh /opt/prime-rl-venv \
     && rm -rf /opt/uv /root/.cache \
     && chmod -R a+rX /opt/prime-rl-venv
