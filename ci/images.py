@@ -405,9 +405,12 @@ def primerl_variant(
     why not (ci/primerl_image.py). The variant is removed again unless ``keep``."""
     commits = primerl_image.pinned_commits()
     clones, why = primerl_image.find_clones(clones_dir, commits)
-    if not clones:
+    if not clones and not clones_dir:
         print(f"ci/images.py: grpo-primerl skipped: {why}", file=sys.stderr, flush=True)
         return {"primerl_variant": f"skipped: {why}"}
+    if not clones:  # asked for, but not usable: a failure, not a skip
+        print(f"ci/images.py: grpo-primerl: {why}", file=sys.stderr, flush=True)
+        return {"primerl_variant": "not built", "primerl_problems": [why]}
     tag, pinned = f"cortex/grpo-primerl:{version}", "cortex/grpo-primerl:pinned"
     result: dict = {"primerl_variant": tag}
     try:

@@ -97,3 +97,11 @@ def test_a_local_python_that_is_not_cpython_312_is_refused_naming_it(tmp_path):
     os.symlink(sys.executable, fake / "bin" / "python3.12")  # this interpreter: 3.11
     with pytest.raises(ValueError, match=r"--primerl-python312 .*prefix"):
         primerl_image.check_python312(fake)
+
+
+def test_clones_asked_for_but_unusable_fail_instead_of_skipping(tmp_path, capsys):
+    result = images.primerl_variant("podman", "cortex/grpo:pinned", "0.0.0", str(tmp_path))
+    assert result["primerl_variant"] == "not built"
+    (problem,) = result["primerl_problems"]
+    assert problem.startswith(str(tmp_path)) and "is not a git clone" in problem
+    assert "skipped" not in capsys.readouterr().err
