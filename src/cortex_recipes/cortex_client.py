@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 # still reclaims a forgotten job (cancel_open_jobs cancels them on every ordinary exit; this is
 # the backstop when the process is killed). Hosted accepts 0 (never) or 300..604800.
 DEFAULT_IDLE_TIMEOUT_S = 3600
+# How often wait_for_job asks the local backend (no connection file) whether a job runs.
+LOCAL_JOB_POLL_S = 0.1
 # Job states after which a job never runs again (``done``: legacy); normalised as the SDK does.
 FINAL_JOB_STATES = ("failed", "done", "cancelled", "canceled", "terminated")
 
@@ -175,12 +177,16 @@ class ExplainedClient:
         """Poll ``get_job`` until the job runs, as the SDK's ``wait_for_job`` does (its poll
         interval, backoff and ``poll_timeout``), but with ``terminated`` final too: a
         :class:`JobEnded` on ``failed``, ``cancelled``, ``done`` or ``terminated``, a
-        ``TimeoutError`` at the deadline."""
+        ``TimeoutError`` at the deadline. On the local backend (no connection file) it looks
+        every :data:`LOCAL_JOB_POLL_S` instead: a question on the loopback costs next to
+        nothing, and the SDK's backoff left a ready job waiting up to 2 s."""
         sdk = self._client
         timeout = float(getattr(sdk, "poll_timeout", 1800.0))
         delay = float(getattr(sdk, "poll_interval", 0.5))
         backoff = float(getattr(sdk, "poll_backoff_multiplier", 1.25))
         longest = float(getattr(sdk, "poll_max_interval", 6.0))
+        if self._connection is None:
+            delay, backoff, longest = LOCAL_JOB_POLL_S, 1.0, LOCAL_JOB_POLL_S
         deadline = time.monotonic() + timeout
         while True:
             job = self.__getattr__("get_job")(job_id)

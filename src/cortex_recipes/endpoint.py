@@ -143,6 +143,31 @@ def _check_address(path: Path, data: dict[str, Any]) -> None:
             )
 
 
+# Local backends started ahead of connect() (prelaunch), by state folder and mode.
+_launched: dict[tuple[Path, str, str | None], Any] = {}
+
+
+def prelaunch(connection: str, state_dir: Path, device: str | None = None) -> None:
+    """Start the local backend's process for a later :func:`connect` with the same
+    ``state_dir`` and ``device``, without waiting for it: its start-up (importing torch,
+    pre-starting a worker) then overlaps the journey's own (its tokenizer and data). Nothing
+    for a connection file. A backend never connected is stopped when this process exits (and
+    exits by itself when its parent is gone)."""
+    if connection not in (LOCAL, LOCAL_HOSTED):
+        return
+    import atexit
+
+    from cortex_recipes.local import LocalBackend
+
+    key = (Path(state_dir).resolve(), connection, device)
+    if key in _launched:
+        return
+    backend = LocalBackend(state_dir, device=device, hosted=connection == LOCAL_HOSTED)
+    backend.launch()
+    _launched[key] = backend
+    atexit.register(backend.stop)
+
+
 @contextmanager
 def connect(
     connection: str = LOCAL,
@@ -165,7 +190,9 @@ def connect(
         from cortex_recipes.local import LocalBackend
 
         hosted = connection == LOCAL_HOSTED
-        with LocalBackend(state_dir, device=device, hosted=hosted) as backend:
+        key = (Path(state_dir).resolve(), connection, device) if state_dir else None
+        backend = _launched.pop(key, None) or LocalBackend(state_dir, device=device, hosted=hosted)
+        with backend:
             log.info("local backend at %s (state in %s)", backend.base_url, backend.state_dir)
             client = backend.client(**options)
             guard_backend(client, backend)

@@ -42,7 +42,6 @@ logs a warning and never stops the run.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -60,6 +59,7 @@ import chz
 
 from cortex_recipes import profiles
 from cortex_recipes.cortex_client import ExplainedClient
+from cortex_recipes.local.errors import is_disk_full
 from cortex_recipes.metrics import validate_record
 from cortex_recipes.provenance import git_revision
 from cortex_recipes.run_store import (  # noqa: F401 - CheckpointError is the run's error
@@ -269,6 +269,14 @@ class Run:
         tmp.write_text("".join(f"{line}\n" for line in kept))
         os.replace(tmp, path)
 
+    def prelaunch(self, connection: str) -> None:
+        """Start the local backend of a later :meth:`connect` now, so that it starts while the
+        journey loads its tokenizer and data (:func:`cortex_recipes.endpoint.prelaunch`);
+        nothing for a connection file."""
+        from cortex_recipes.endpoint import prelaunch
+
+        prelaunch(connection, self.backend_dir)
+
     @contextmanager
     def connect(
         self, connection: str, *, client_options: dict[str, Any] | None = None
@@ -443,7 +451,7 @@ def command_line(config_cls: type, profile_cls: type, main: Any, report: Any = N
         print(f"error: {exc}{where}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - only a full disk is reported here, else re-raised
-        if not disk_full(exc):
+        if not is_disk_full(exc):
             raise
         opened = last_opened()
         kept = ""
@@ -460,20 +468,6 @@ def command_line(config_cls: type, profile_cls: type, main: Any, report: Any = N
     if report is not None:
         print(report(result))
     return 0
-
-
-def disk_full(exc: BaseException) -> bool:
-    """A write that ran out of space: this process's (ENOSPC) or the backend's (its message
-    starts with :data:`cortex_recipes.local.errors.DISK_FULL`)."""
-    from cortex_recipes.local.errors import DISK_FULL
-
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or DISK_FULL in str(exc):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
 
 
 def _lines(path: Path) -> list[str]:

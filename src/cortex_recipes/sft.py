@@ -10,7 +10,7 @@ from typing import Any
 
 from cortex_recipes import profiles
 from cortex_recipes.profiles import ProfileError, setting
-from cortex_recipes.sub_jobs import DS_BATCH_FIELDS, batch_problem, sampler_sub_job, trainer_sub_job
+from cortex_recipes.sub_jobs import DS_BATCH_FIELDS, batch_problem
 from cortex_recipes.supervision import RENDERERS, TrainOnWhat
 
 __all__ = [
@@ -128,21 +128,19 @@ class SFTProfile(profiles.JourneyProfile):
         return TrainOnWhat(self.train_on)
 
     def sub_jobs(self) -> list:
-        """The sub-jobs this journey creates: the trainer, and the sampler that evaluates
-        (it loads merged checkpoints, so it never mirrors a LoRA shape)."""
-        return [self.training_sub_job(), self.sampling_sub_job()]
+        """The sub-jobs of this journey's job: the trainer, and the sampler that evaluates
+        (it mirrors a LoRA trainer's adapter, so the sync before the last eval sends only the
+        adapter: :attr:`weight_format`)."""
+        return self.trainer_and_sampler(self.batch_size, weight_decay=self.weight_decay)
 
-    def training_sub_job(self, source_checkpoint_info: dict | None = None):
-        return trainer_sub_job(
-            self.model, learning_rate=self.learning_rate, batch_size=self.batch_size,
-            training=self.training, weight_decay=self.weight_decay,
-            source_checkpoint_info=source_checkpoint_info, **self.sub_job_settings(),
-        )  # fmt: skip
+    @property
+    def weight_format(self) -> str:
+        """How the trained weights reach the sampler: ``lora`` (the adapter) for a LoRA
+        trainer, as hosted Cortex syncs one, else ``hf`` (the full weights)."""
+        return "lora" if (self.training or {}).get("peft_config") else "hf"
 
-    def sampling_sub_job(self, source_checkpoint_info: dict | None = None):
-        return sampler_sub_job(
-            self.model, source_checkpoint_info=source_checkpoint_info, **self.sub_job_settings()
-        )
+    def training_sub_job(self):
+        return self.sub_jobs()[0]
 
 
 def load_profile(path: str | Path, overrides: Sequence[str] = ()) -> SFTProfile:

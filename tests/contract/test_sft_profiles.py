@@ -34,7 +34,13 @@ def test_profile_resolves_to_the_causal_cross_entropy_block(path):
     wire_config = sub_job.to_wire()["training_config"]
     ds = wire_config.get("ds_config", {})
     assert not set(ds) & set(sft.DS_BATCH_FIELDS)
-    profile.sampling_sub_job().validate()
+    training, sampling = profile.sub_jobs()
+    assert training.to_wire() == sub_job.to_wire()
+    sampling.validate()
+    # the sampler mirrors a LoRA trainer's adapter, so the last eval's sync sends only that
+    lora = (profile.training or {}).get("peft_config")
+    assert profile.weight_format == ("lora" if lora else "hf")
+    assert sampling.to_wire()["inference_config"].get("peft_config") == lora
     batch = collate([frames.Row([1, 2, 3], [0.0, 1.0, 1.0])], pad_id=0, max_seq_len=8)
     frame = wire.loads(frames.sft_frame(batch))
     # The loss block is the same with or without the chunked LM-head memory knob.

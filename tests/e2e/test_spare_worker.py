@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cortex_recipes.local import LocalBackend
-from cortex_recipes.local.jobs import SPARE_ENV
+from cortex_recipes.local.worker_spawn import SPARE_ENV
 
 from .conftest import training
 from .test_local_backend import batch, ce_frame
@@ -80,8 +80,9 @@ def test_a_spare_that_fails_to_start_its_sub_job_fails_the_job_with_the_reason_i
         job_logs = list((tmp_path / "jobs" / job / "run").glob("*.log"))
         assert len(job_logs) == 1
         assert "failed to start" in job_logs[0].read_text()  # the worker's traceback, here
-        # spare-0 (started with the server) took the sub-job: its empty log went with it
-        assert not (tmp_path / "spares" / "spare-0.log").exists()
+        # the first of the two spares started with the server took the sub-job: its empty log
+        # went with it; the other still waits (so no replacement starts)
+        assert not (tmp_path / "spares" / "spare-early-0.log").exists()
         spare_logs = list((tmp_path / "spares").glob("*.log"))
-        assert [p.name for p in spare_logs] == ["spare-1.log"]
+        assert [p.name for p in spare_logs] == ["spare-early-1.log"]
         assert all("failed to start" not in p.read_text() for p in spare_logs)

@@ -45,9 +45,11 @@ def test_a_checkpoint_save_on_a_full_disk_says_so_and_names_the_folder(tmp_path)
 
 
 def test_other_save_errors_stay_what_they_are():
-    from cortex_recipes.local.checkpoints import is_disk_full
+    from cortex_recipes.local.errors import DISK_FULL, is_disk_full
 
     assert is_disk_full(OSError(errno.ENOSPC, "No space left on device"))
+    # the backend's own report, as a journey sees it in a failed request (one predicate for both)
+    assert is_disk_full(RuntimeError(f"Request req-1 ended with state 'failed': {DISK_FULL} ..."))
     assert is_disk_full(
         RuntimeError("Error while serializing: IoError(Os { code: 28 ... os error 28")
     )

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from cortex_recipes import cortex_client
 from cortex_recipes.cortex_client import (
     DEFAULT_IDLE_TIMEOUT_S,
+    LOCAL_JOB_POLL_S,
     CortexCallError,
     ExplainedClient,
     JobEnded,
@@ -61,6 +63,22 @@ def test_wait_for_job_raises_on_a_final_state_naming_job_state_and_reason(state)
     assert f"wait_for_job failed: job job-7 is {normal}: idle for 300 s" in str(ended.value)
     assert ("idle_timeout_seconds" in str(ended.value)) == (normal == "terminated")
     assert not is_recoverable(ended.value)
+
+
+@pytest.mark.parametrize("connection", [None, "cortex.json"])
+def test_wait_for_job_polls_the_local_backend_often_and_a_hosted_endpoint_as_the_sdk_does(
+    connection, monkeypatch
+):
+    sdk = Jobs(*["initializing"] * 6, "running")
+    sdk.poll_interval, sdk.poll_backoff_multiplier, sdk.poll_max_interval = 0.5, 2.0, 6.0
+    sdk.poll_timeout = 600.0
+    slept: list[float] = []
+    monkeypatch.setattr(cortex_client.time, "sleep", slept.append)
+    ExplainedClient(sdk, connection=connection).wait_for_job("job-1")
+    if connection is None:  # the local backend: a loopback question every 0.1 s
+        assert slept == [LOCAL_JOB_POLL_S] * 6
+    else:  # the SDK's interval and backoff
+        assert slept == [0.5, 1.0, 2.0, 4.0, 6.0, 6.0]
 
 
 def test_wait_for_job_times_out_with_the_sdk_s_poll_timeout():

@@ -60,7 +60,7 @@ def test_a_spare_is_taken_only_by_a_worker_with_its_exact_environment(tmp_path, 
 def test_replenishing_for_other_devices_stops_the_old_spare(tmp_path, sleeping_spares):
     pool = SparePool(tmp_path)
     pool.replenish(worker_env(""))
-    old = pool._spare
+    old = pool._spares[0]
     pool.replenish(worker_env("1"))
     assert old.process.poll() is not None  # stopped and reaped
     assert pool.take(worker_env("1")) is not None or pytest.fail("no spare for the new devices")
@@ -71,8 +71,8 @@ def test_a_dead_spare_is_not_handed_out_and_its_death_is_logged(tmp_path, sleepi
     pool = SparePool(tmp_path)
     env = worker_env("")
     pool.replenish(env)
-    pool._spare.process.kill()
-    pool._spare.process.wait()
+    pool._spares[0].process.kill()
+    pool._spares[0].process.wait()
     with caplog.at_level(logging.WARNING, logger="cortex_recipes.local.worker_spawn"):
         assert pool.take(env) is None
     assert "the spare worker was killed by SIGKILL" in caplog.text
@@ -82,7 +82,7 @@ def test_a_dead_spare_is_not_handed_out_and_its_death_is_logged(tmp_path, sleepi
 def test_close_stops_the_spare_and_no_new_one_starts(tmp_path, sleeping_spares):
     pool = SparePool(tmp_path)
     pool.replenish(worker_env(""))
-    process = pool._spare.process
+    process = pool._spares[0].process
     pool.close()
     deadline = time.monotonic() + 15
     while process.poll() is None and time.monotonic() < deadline:
@@ -96,6 +96,72 @@ def test_a_disabled_pool_starts_nothing(tmp_path, sleeping_spares):
     pool = SparePool(tmp_path, enabled=False)
     pool.replenish(worker_env(""))
     assert sleeping_spares == [] and pool.take(worker_env("")) is None
+
+
+def test_a_deferred_spare_waits_until_the_backend_has_been_quiet(tmp_path, sleeping_spares):
+    busy = {"now": True}
+    pool = SparePool(tmp_path, quiet=lambda: not busy["now"], quiet_s=0.3)
+    env = worker_env("")
+    pool.replenish(env, defer=True)
+    time.sleep(0.8)
+    assert sleeping_spares == []  # a step (or a loading worker) is running: no spare yet
+    busy["now"] = False
+    started = time.monotonic()
+    deadline = started + 10
+    while not sleeping_spares and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sleeping_spares == [env]
+    assert time.monotonic() - started >= 0.3  # only after the quiet spell
+    assert pool.take(env) is not None
+    pool.close()
+
+
+def test_a_deferred_spare_is_not_started_after_close(tmp_path, sleeping_spares):
+    pool = SparePool(tmp_path, quiet=lambda: True, quiet_s=0.5)
+    pool.replenish(worker_env(""), defer=True)
+    pool.close()
+    time.sleep(0.9)
+    assert sleeping_spares == []
+
+
+def test_a_spare_without_a_quiet_predicate_starts_at_once(tmp_path, sleeping_spares):
+    pool = SparePool(tmp_path)
+    pool.replenish(worker_env(""), defer=True)  # nothing to wait for: as before
+    assert len(sleeping_spares) == 1
+    pool.close()
+
+
+def test_early_spares_start_only_where_every_sub_job_runs_on_the_cpu(
+    tmp_path, sleeping_spares, monkeypatch
+):
+    env = worker_env("")
+    monkeypatch.setattr(worker_spawn, "nvidia_device_nodes", lambda: [tmp_path / "nvidia0"])
+    assert worker_spawn.early_spares(tmp_path, "auto", env) == []  # CUDA may be there
+    assert sleeping_spares == []
+    cpu_mode = worker_spawn.early_spares(tmp_path / "cpu", "cpu", env)
+    assert len(cpu_mode) == worker_spawn.EARLY_SPARES == 2
+    monkeypatch.setattr(worker_spawn, "nvidia_device_nodes", lambda: [])
+    no_gpu = worker_spawn.early_spares(tmp_path / "auto", "auto", env)
+    assert len(no_gpu) == 2
+    monkeypatch.setenv(worker_spawn.SPARE_ENV, "0")
+    assert worker_spawn.early_spares(tmp_path / "off", "cpu", env) == []
+    pool = SparePool(tmp_path / "pool")
+    pool.adopt(cpu_mode + no_gpu)
+    taken = [pool.take(env) for _ in range(5)]
+    assert [t is not None for t in taken] == [True] * 4 + [False]
+    for spare in taken[:4]:
+        spare.process.kill()
+        spare.process.wait()
+    pool.close()
+
+
+def test_spares_adopted_by_a_closed_pool_are_stopped(tmp_path, sleeping_spares):
+    spares = worker_spawn.early_spares(tmp_path, "cpu", worker_env(""))
+    pool = SparePool(tmp_path)
+    pool.close()
+    pool.adopt(spares)
+    assert all(s.process.poll() is not None for s in spares)
+    assert pool.take(worker_env("")) is None
 
 
 def test_worker_env_is_offline_and_sees_only_its_devices(monkeypatch):

@@ -307,6 +307,7 @@ def main(config: Config) -> dict:
     run = config.open_run("tito", profile)
     if run.finished:
         return run.finished
+    run.prelaunch(config.connection)  # the local backend starts while the data loads
     steps = config.steps_for(profile)
     schedule = driver.Schedule(
         steps, ckpt_every=profile.ckpt.interval, ckpt_last=True,

@@ -323,6 +323,7 @@ def main(config: Config) -> dict:
     run = config.open_run("opd", profile)
     if run.finished:
         return run.finished
+    run.prelaunch(config.connection)  # the local backend starts while the data loads
     algorithm = OPD(config, profile, run, steps)
     schedule = driver.Schedule(
         steps,

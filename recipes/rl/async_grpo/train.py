@@ -58,6 +58,7 @@ def main(config: Config) -> dict:
     run = config.open_run("async_grpo", profile)
     if run.finished:
         return run.finished
+    run.prelaunch(config.connection)  # the local backend starts while the data loads
     reconnects = 0
     while True:
         run.reload_resume()

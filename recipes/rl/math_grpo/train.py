@@ -175,6 +175,7 @@ def main(config: Config) -> dict:
     run = config.open_run("math_grpo", profile)
     if run.finished:
         return run.finished
+    run.prelaunch(config.connection)  # the local backend starts while the data loads
     schedule = driver.Schedule(
         config.steps_for(profile),
         eval_every=profile.eval.interval,

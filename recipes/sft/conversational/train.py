@@ -4,9 +4,10 @@
     python -m recipes.sft.conversational.train profile=recipes/sft/conversational/configs/local-cpu-tiny-qwen3.json
 
 Reads top to bottom as the algorithm: load the profile and data, render conversations into
-token ids with per-token weights, greedy-evaluate the base model, train (forward-backward with
-``causal_cross_entropy`` + step), save weights-only, reload that checkpoint into a fresh
-sampling sub-job and evaluate again. A profile with ``eval.weight_comparison`` also scores
+token ids with per-token weights, start one job (the trainer and, with an eval, a sampler),
+greedy-evaluate the base model on the sampler, train (forward-backward with
+``causal_cross_entropy`` + step), save weights-only, sync the trained weights onto the sampler
+and evaluate again. A profile with ``eval.weight_comparison`` also scores
 the held-out log-likelihood of its full-weight and down-weighted answers with the trainer's
 ``forward`` before the first step and after the last (cortex_recipes.loglik).
 ``connection=local`` (default) runs against the embedded local backend;
@@ -68,10 +69,10 @@ def evaluate(client, profile: sft.SFTProfile, tokenizer, job_id: str) -> dict:
 
 class SFT:
     """The SFT algorithm for :func:`cortex_recipes.driver.drive`: greedy answers before
-    training (on the base model, in a job of their own), optionally the held-out
+    training (on the base model, on the job's sampler), optionally the held-out
     log-likelihood of the weight comparison's answers on the trainer, one weighted
-    ``causal_cross_entropy`` step a batch, then a weights-only save and the answers again from
-    that checkpoint."""
+    ``causal_cross_entropy`` step a batch, then a weights-only save and the answers again once
+    the trained weights are synced onto the sampler."""
 
     log_keys = (("loss", ".4f"),)
 
@@ -96,9 +97,14 @@ class SFT:
 
     def start(self, client, run, stack) -> Trainer:
         self.client = client
+        # One job: the trainer and (with an eval) the sampler that answers before and after, so
+        # both workers start together and no model loads twice.
+        sub_jobs = self.profile.sub_jobs()[: 2 if self.profile.eval else 1]
+        self.trainer = Trainer.start(
+            client, sub_jobs, run, weight_format=self.profile.weight_format
+        )
         if self.profile.eval and self.eval_before is None and not run.resume:
-            self.eval_before = self.answers(self.profile.sampling_sub_job())
-        self.trainer = Trainer.start(client, [self.profile.training_sub_job()], run)
+            self.eval_before = self.answers()  # the base model: nothing synced yet
         return self.trainer
 
     def restore(self, state: dict) -> None:
@@ -139,14 +145,12 @@ class SFT:
     def finish(self, client) -> dict:
         loglik_after = self.score() if self.comparison else None
         saved = self.trainer.save_weights(self.steps)
-        client.cancel_job(self.trainer.job_id)
         summary: dict = {"steps": self.steps}
         if self.profile.eval:
             summary["eval_before"] = self.eval_before
-            source = {"checkpoint_id": saved["checkpoint_id"], "source_job_id": self.trainer.job_id}
-            summary["eval_after"] = self.answers(
-                self.profile.sampling_sub_job(source_checkpoint_info=source)
-            )
+            self.trainer.sync()  # the trained weights, as saved, onto the sampler
+            summary["eval_after"] = self.answers()
+        client.cancel_job(self.trainer.job_id)
         if self.comparison:
             summary["weight_comparison"] = self.compared(loglik_after)
         return {
@@ -156,13 +160,10 @@ class SFT:
             "checkpoint_id": saved["checkpoint_id"],
         }
 
-    def answers(self, sampling_sub_job) -> dict:
-        """The profile's greedy eval on a job of its own (the base model or a checkpoint)."""
-        job_id = self.client.create_job([sampling_sub_job])
-        self.client.wait_for_job(job_id)
-        result = evaluate(self.client, self.profile, self.tokenizer, job_id)
-        self.client.cancel_job(job_id)
-        return result
+    def answers(self) -> dict:
+        """The profile's greedy eval on the job's sampler (the base model, or the trained
+        weights once synced)."""
+        return evaluate(self.client, self.profile, self.tokenizer, self.trainer.job_id)
 
     def score(self) -> dict:
         return loglik.score_comparison(
@@ -192,6 +193,7 @@ def main(config: Config) -> dict:
     run = config.open_run("sft", profile)
     if run.finished:
         return run.finished
+    run.prelaunch(config.connection)  # the local backend starts while the data loads
     schedule = driver.Schedule(steps, ckpt_every=config.ckpt_interval)
     return driver.drive(
         run, config.connection, SFT(config, profile, steps), schedule, profile_name=profile.name

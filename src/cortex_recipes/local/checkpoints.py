@@ -20,7 +20,6 @@ the files its type needs and loaded with a warning that its contents are unverif
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
@@ -34,7 +33,7 @@ import torch
 from cortex_training import wire
 from safetensors.torch import load_file, save_file
 
-from cortex_recipes.local.errors import DISK_FULL, BackendError, Conflict, NotFound
+from cortex_recipes.local.errors import DISK_FULL, BackendError, Conflict, NotFound, is_disk_full
 
 log = logging.getLogger(__name__)
 
@@ -177,20 +176,6 @@ def restore_rng(state: dict[str, torch.Tensor], device: torch.device) -> None:
 # -- one checkpoint directory ------------------------------------------------------------------------
 
 
-def is_disk_full(exc: BaseException) -> bool:
-    """Whether ``exc`` (or one it was raised from) is a write that ran out of space: an
-    ``OSError`` ENOSPC, or safetensors' error that wraps one (``os error 28``)."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            return True
-        if "No space left on device" in str(exc) or "os error 28" in str(exc):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
 def free_bytes(path: Path) -> int | None:
     """Bytes free on the file system holding ``path`` (or its nearest existing parent)."""
     path = Path(path)
@@ -215,10 +200,23 @@ def write_checkpoint(
     discards it when this raises). A full disk is a BackendError that says so
     (:data:`~cortex_recipes.local.errors.DISK_FULL`), with the folder and the bytes free."""
     try:
-        _write_checkpoint(
-            directory, model=model, tokenizer=tokenizer, meta=meta, optimizer=optimizer,
-            device=device,
-        )  # fmt: skip
+        if meta.get("lora"):
+            save_adapter(model, directory / ADAPTER_WEIGHTS)
+            model.peft_config["default"].save_pretrained(str(directory))
+        else:
+            save_full_weights(model, directory / FULL_WEIGHTS)
+            plain = base_model(model)
+            plain.config.save_pretrained(str(directory))
+            generation = getattr(plain, "generation_config", None)
+            if generation is not None:
+                generation.save_pretrained(str(directory))
+        tokenizer.save_pretrained(str(directory))
+        if optimizer is not None:
+            save_optimizer(optimizer, directory / OPTIMIZER_STATE)
+            rng = rng_state(device or torch.device("cpu"))
+            (directory / RNG_STATE).write_bytes(wire.dumps(rng))
+        write_meta(directory, meta)
+        write_manifest(directory)
     except Exception as exc:
         if not is_disk_full(exc):
             raise
@@ -229,33 +227,6 @@ def write_checkpoint(
             status=507,
             code="disk_full",
         ) from exc
-
-
-def _write_checkpoint(
-    directory: Path,
-    *,
-    model,
-    tokenizer,
-    meta: dict[str, Any],
-    optimizer: torch.optim.Optimizer | None = None,
-    device: torch.device | None = None,
-) -> None:
-    if meta.get("lora"):
-        save_adapter(model, directory / ADAPTER_WEIGHTS)
-        model.peft_config["default"].save_pretrained(str(directory))
-    else:
-        save_full_weights(model, directory / FULL_WEIGHTS)
-        plain = base_model(model)
-        plain.config.save_pretrained(str(directory))
-        generation = getattr(plain, "generation_config", None)
-        if generation is not None:
-            generation.save_pretrained(str(directory))
-    tokenizer.save_pretrained(str(directory))
-    if optimizer is not None:
-        save_optimizer(optimizer, directory / OPTIMIZER_STATE)
-        (directory / RNG_STATE).write_bytes(wire.dumps(rng_state(device or torch.device("cpu"))))
-    write_meta(directory, meta)
-    write_manifest(directory)
 
 
 # -- the manifest ---------------------------------------------------------------------------------

@@ -24,11 +24,11 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,12 +42,15 @@ from cortex_recipes.local.errors import BackendError, Conflict, NotFound
 from cortex_recipes.local.request_store import POLL_HOLD_S, RequestStore
 from cortex_recipes.local.specs import SubJobSpec, WorkerSpec, abridge, parse_sub_jobs
 from cortex_recipes.local.worker_handles import WorkerHandle
-from cortex_recipes.local.worker_spawn import SparePool, worker_env
+from cortex_recipes.local.worker_spawn import (
+    Spare,
+    SparePool,
+    spares_enabled,
+    worker_env,
+)
 from cortex_recipes.models import FIXTURE_MODELS, ModelNotAvailableError, resolve_model_path
 
 log = logging.getLogger(__name__)
-# "0" turns the pre-started spare worker off (cortex_recipes.local.worker_spawn.SparePool).
-SPARE_ENV = "CORTEX_RECIPES_SPARE_WORKER"
 # Hosted mode: the least time each starting state lasts, so that a poller sees the walk
 # (hosted placement and start-up take seconds to minutes).
 HOSTED_STATE_MIN_S = 0.5
@@ -123,7 +126,9 @@ class JobRegistry:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="job-start")
         self.spares = SparePool(
-            self.state_dir / "spares", enabled=os.environ.get(SPARE_ENV, "1") != "0"
+            self.state_dir / "spares",
+            enabled=spares_enabled(),
+            quiet=self._quiet,
         )
         self._stopped = threading.Event()
         if hosted:
@@ -138,9 +143,24 @@ class JobRegistry:
             threading.Thread(target=self._watch_idle, name="idle-timeout", daemon=True).start()
         log.info("device mode %s; %d CUDA device(s) visible", self.device_mode, self.cuda_count)
 
-    def start_spare(self) -> None:
+    def _quiet(self) -> bool:
+        """No job placing or starting its workers, and no worker starting or running a command
+        (when a replacement spare may start: SparePool)."""
+        with self._lock:
+            jobs = list(self.jobs.values())
+        for job in jobs:
+            with job.lock:
+                if job.finished:
+                    continue
+                if job.status != "running" or not all(w.quiet for w in job.workers.values()):
+                    return False
+        return True
+
+    def start_spare(self, early: Sequence[Spare] = ()) -> None:
         """Pre-start a CPU worker when sub-jobs will run on the CPU (no GPU visible, or device
-        mode ``cpu``); on a GPU machine the first sub-job's placement decides (SparePool)."""
+        mode ``cpu``); on a GPU machine the first sub-job's placement decides (SparePool).
+        ``early``: those the server started before importing torch (``early_spares``)."""
+        self.spares.adopt(list(early))
         if self.device_mode == devices.CPU or self.cuda_count == 0:
             self.spares.replenish(worker_env(devices.worker_visible_devices(devices.CPU, None)))
 

@@ -51,6 +51,13 @@ def serve(
     api_token: str | None = None,
 ) -> None:
     """``api_token``: the PAT hosted mode requires (None: a new one, not shown)."""
+    from cortex_recipes.local.devices import CPU, worker_visible_devices
+    from cortex_recipes.local.worker_spawn import early_spares, worker_env
+
+    # Before the imports below (torch among them): the spares import at the same time.
+    early = early_spares(
+        Path(state_dir) / "spares", device, worker_env(worker_visible_devices(CPU, None))
+    )
     import uvicorn
 
     from cortex_recipes.local.app import create_app
@@ -76,7 +83,7 @@ def serve(
     )
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30)
     server = uvicorn.Server(config)
-    app.state.backend.registry.start_spare()
+    app.state.backend.registry.start_spare(early)
     if ready_file is not None:
         tmp = ready_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({"host": host, "port": bound_port, "pid": os.getpid()}))
@@ -134,7 +141,19 @@ class LocalBackend:
         self.database, self.schema = LOCAL_DATABASE, LOCAL_SCHEMA
 
     def start(self) -> LocalBackend:
-        ready = self.state_dir / f"server-{os.getpid()}-{time.monotonic_ns()}.ready"
+        """Start the server (unless :meth:`launch` already did) and wait until it answers."""
+        if self.process is None:
+            self.launch()
+        if not self.base_url:
+            self._wait_started()
+        return self
+
+    def launch(self) -> None:
+        """Start the server process without waiting for it: a journey launches its backend
+        before rendering its data, so that both start-ups share the machine
+        (:func:`cortex_recipes.endpoint.prelaunch`); :meth:`start` then waits."""
+        self._ready = self.state_dir / f"server-{os.getpid()}-{time.monotonic_ns()}.ready"
+        ready = self._ready
         cmd = [
             sys.executable,
             "-m",
@@ -173,7 +192,10 @@ class LocalBackend:
                 start_new_session=True,
                 env=env,
             )
-        deadline = time.monotonic() + self.startup_timeout
+        self._deadline = time.monotonic() + self.startup_timeout
+
+    def _wait_started(self) -> None:
+        ready, deadline = self._ready, self._deadline
         while not ready.exists():
             if self.process.poll() is not None:
                 raise RuntimeError(
@@ -198,7 +220,6 @@ class LocalBackend:
                 self.stop()
                 raise TimeoutError(f"local backend did not answer within {self.startup_timeout}s")
             time.sleep(0.05)
-        return self
 
     def client(self, **kwargs):
         """A ``CortexTrainingClient`` of this backend; in hosted mode it sends the PAT headers,
@@ -225,7 +246,7 @@ class LocalBackend:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
-        self.process = None
+        self.process, self.base_url = None, ""
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
@@ -330,4 +351,8 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Without the interpreter's finalisation (about 1 s with torch loaded): run_from_args has
+    # stopped every worker and written every file by the time it returns.
+    from cortex_recipes.local.worker_spawn import exit_now
+
+    exit_now(main())

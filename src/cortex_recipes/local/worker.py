@@ -356,4 +356,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from cortex_recipes.local.worker_spawn import exit_now
+
+    exit_now(main())

@@ -120,8 +120,8 @@ class WorkerHandle:
             self.process, self._sock = spare.process, spare.sock
         else:
             self.process, self._sock = spawn_worker(env, log_path, spec_path)
-        if spares is not None:
-            spares.replenish(env)
+        if spares is not None:  # once nothing is starting or running (SparePool)
+            spares.replenish(env, defer=True)
         self._feeder = threading.Thread(target=self._feed, name=self.sub_job_id, daemon=True)
         self._feeder.start()
         self._reaper = threading.Thread(
@@ -132,6 +132,15 @@ class WorkerHandle:
     @property
     def alive(self) -> bool:
         return self.ready.is_set() and self.error is None and not self._stopping
+
+    @property
+    def quiet(self) -> bool:
+        """Neither starting (importing, loading its model) nor running a command."""
+        return (
+            self._stopping
+            or self._dead.is_set()
+            or (self.ready.is_set() and self._outstanding == 0)
+        )
 
     # -- threads -------------------------------------------------------------------------------
 

@@ -15,6 +15,8 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +24,18 @@ log = logging.getLogger(__name__)
 
 # How long a stopping worker gets to exit on its own before it is killed.
 STOP_TIMEOUT_S = 10.0
+# A replacement spare starts once the backend has been quiet (no worker starting, no command
+# in flight) this long, looking every SPARE_QUIET_POLL_S (SparePool).
+SPARE_QUIET_S = 1.0
+SPARE_QUIET_POLL_S = 0.2
+# "0" turns the pre-started spare workers off (SparePool).
+SPARE_ENV = "CORTEX_RECIPES_SPARE_WORKER"
+# Spares a CPU-only server starts before importing torch: a trainer and a sampler (early_spares).
+EARLY_SPARES = 2
+
+
+def spares_enabled() -> bool:
+    return os.environ.get(SPARE_ENV, "1") != "0"
 
 
 def bytecode_hint(source: str | None = None, dont_write: bool | None = None) -> str | None:
@@ -123,78 +137,187 @@ def stop_process(
 
 
 class SparePool:
-    """At most one pre-started worker process, waiting for a sub-job.
+    """Pre-started worker processes, waiting for sub-jobs.
 
     A spare imports torch, transformers and the model classes (``worker.WARM_MODULES``) while
     nothing needs it, so the sub-job that takes it only loads its weights: about 3.5 s less of
     each sub-job's start on 2 CPU cores. It is started with a worker's environment (the GPUs it
     would see, ``CUDA_VISIBLE_DEVICES``, among it), and only a sub-job whose worker would get
     exactly that environment takes it, so a worker is the same either way. After each take, or
-    a start that found no such spare, a new one is started with the environment just used. A spare that
-    died is discarded (its sub-job starts a process of its own). ``close`` stops the spare; a
-    spare whose server is gone sees its socket close and exits.
+    a start that found no such spare, one is started with the environment just used if none is
+    left for it (spares for another environment are stopped). A spare that died is discarded
+    (its sub-job starts a process of its own). ``close`` stops the spares; a spare whose server
+    is gone sees its socket close and exits.
+
+    With ``quiet`` (the registry's "no worker is starting and none has a command"), a
+    replacement (:meth:`replenish` with ``defer=True``) waits until ``quiet()`` has held for
+    :data:`SPARE_QUIET_S`: a spare importing torch beside a running step or a loading model
+    takes the cores they are using (on 2 cores it made an SFT run's first step 2.5 times its
+    median), and the job that took the spare has its workers already.
     """
 
-    def __init__(self, log_dir: Path, *, enabled: bool = True):
+    def __init__(
+        self,
+        log_dir: Path,
+        *,
+        enabled: bool = True,
+        quiet: Callable[[], bool] | None = None,
+        quiet_s: float = SPARE_QUIET_S,
+    ):
         self.log_dir = Path(log_dir)
         self.enabled = enabled
-        self._spare: Spare | None = None
+        self._spares: list[Spare] = []
         self._count = itertools.count()
         self._closed = False
         self._lock = threading.Lock()
+        self._quiet, self._quiet_s = quiet, quiet_s
+        self._deferred: dict[str, str] | None = None
+        self._wake = threading.Event()
+        self._watcher: threading.Thread | None = None
 
-    def replenish(self, env: dict[str, str]) -> None:
-        """Have a spare with environment ``env`` ready (replacing one with another)."""
+    def replenish(self, env: dict[str, str], *, defer: bool = False) -> None:
+        """Have a spare with environment ``env`` ready (stopping those for another); with
+        ``defer`` (and a ``quiet`` predicate), once the backend has been quiet for a while."""
+        if defer and self._quiet is not None:
+            with self._lock:
+                if not self.enabled or self._closed:
+                    return
+                self._deferred = env
+                if self._watcher is None:
+                    self._watcher = threading.Thread(
+                        target=self._watch, name="spare-when-quiet", daemon=True
+                    )
+                    self._watcher.start()
+            self._wake.set()
+            return
         with self._lock:
             if not self.enabled or self._closed:
                 return
-            current = self._spare
-            if current is not None and current.env == env and current.process.poll() is None:
-                return
-            self._spare = None
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            log_path = self.log_dir / f"spare-{next(self._count)}.log"
-            try:
-                process, sock = spawn_worker(env, log_path, None)
-            except OSError as exc:
-                log.warning("no spare worker (%s); sub-jobs start their own processes", exc)
-                self.enabled = False
-                process = None
-            if process is not None:
-                self._spare = Spare(process, sock, env, log_path)
-        if current is not None and current is not self._spare:
-            self.stop(current)
+            self._deferred = None
+            others = [s for s in self._spares if s.env != env]
+            self._spares = [s for s in self._spares if s.env == env and s.process.poll() is None]
+            if not self._spares:
+                self.log_dir.mkdir(parents=True, exist_ok=True)
+                log_path = self.log_dir / f"spare-{next(self._count)}.log"
+                try:
+                    process, sock = spawn_worker(env, log_path, None)
+                except OSError as exc:
+                    log.warning("no spare worker (%s); sub-jobs start their own processes", exc)
+                    self.enabled = False
+                else:
+                    self._spares.append(Spare(process, sock, env, log_path))
+        for other in others:
+            self.stop(other)
+
+    def adopt(self, spares: list[Spare]) -> None:
+        """Hold ``spares`` (started before the pool existed: :func:`early_spares`)."""
+        with self._lock:
+            closed = self._closed or not self.enabled
+            if not closed:
+                self._spares.extend(spares)
+        for spare in spares if closed else ():
+            self.stop(spare)
 
     def take(self, env: dict[str, str]) -> Spare | None:
-        """The spare, if one is alive with environment ``env`` (the caller now owns its process)."""
-        with self._lock:
-            spare = self._spare
-            if spare is None or spare.env != env:
-                return None
-            self._spare = None
-        if spare.process.poll() is not None:
+        """A spare alive with environment ``env``, if there is one (the caller now owns its
+        process)."""
+        while True:
+            with self._lock:
+                spare = next((s for s in self._spares if s.env == env), None)
+                if spare is None:
+                    return None
+                self._spares.remove(spare)
+            if spare.process.poll() is None:
+                break
             log.warning(
                 "the spare worker %s; see %s",
                 describe_exit(spare.process.returncode),
                 spare.log_path,
             )
             spare.sock.close()
-            return None
         with contextlib.suppress(OSError):
             if spare.log_path.stat().st_size == 0:
                 spare.log_path.unlink()
         return spare
 
+    def _watch(self) -> None:
+        """Start the deferred spare once ``quiet()`` has held for ``quiet_s`` seconds."""
+        quiet_since: float | None = None
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+                env = self._deferred
+            if env is None:
+                quiet_since = None
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            now = time.monotonic()
+            if not self._quiet():
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = now
+            elif now - quiet_since >= self._quiet_s:
+                with self._lock:
+                    wanted = self._deferred is env and not self._closed
+                if wanted:
+                    self.replenish(env)
+                continue
+            time.sleep(SPARE_QUIET_POLL_S)
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            spare, self._spare = self._spare, None
-        if spare is not None:
+            self._deferred = None
+            spares, self._spares = self._spares, []
+        self._wake.set()
+        for spare in spares:
             self.stop(spare)
 
     @staticmethod
     def stop(spare: Spare) -> None:
         stop_process(spare.process, spare.sock)
+
+
+def nvidia_device_nodes() -> list[Path]:
+    """``/dev/nvidia*``: without any, this machine has no CUDA device (known without torch)."""
+    return sorted(Path("/dev").glob("nvidia*"))
+
+
+def early_spares(log_dir: Path, device_mode: str, cpu_env: dict[str, str]) -> list[Spare]:
+    """:data:`EARLY_SPARES` spares started by the server before it imports torch (about 2 s),
+    for :meth:`SparePool.adopt`, so that a journey's trainer and sampler both find one: only
+    where every sub-job certainly runs on the CPU (device mode ``cpu``, or no NVIDIA device node
+    on this machine), with the CPU workers' ``cpu_env``; else none (the pool starts one once
+    the server knows what CUDA it sees)."""
+    if not spares_enabled():
+        return []
+    if device_mode != "cpu" and nvidia_device_nodes():
+        return []
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    spares = []
+    for i in range(EARLY_SPARES):
+        log_path = log_dir / f"spare-early-{i}.log"
+        try:
+            process, sock = spawn_worker(cpu_env, log_path, None)
+        except OSError as exc:
+            log.warning("no early spare worker (%s)", exc)
+            break
+        spares.append(Spare(process, sock, cpu_env, log_path))
+    return spares
+
+
+def exit_now(code: int) -> None:
+    """Leave a worker or server process without the interpreter's finalisation: with torch
+    and transformers loaded it takes about 1 s, and a cancel waits for its workers to exit.
+    Nothing is left to write by then (a worker writes every command's result, saves included,
+    before its reply; the server has stopped its workers), so only the logs are flushed."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def describe_exit(returncode: int | None) -> str:
