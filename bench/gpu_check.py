@@ -14,6 +14,10 @@ this. Phases, each a child process whose output goes to a log under ``--out``:
 6. ``smoke:<journey>``: each landed journey's ``smoke`` command from journeys.toml, with
    ``CORTEX_RECIPES_DEVICE`` set. The on-policy distillation smoke swaps its SmolLM2 teacher
    and student for tiny-qwen3 ones: SmolLM2's GGUF does not fit in what a GPU machine carries.
+7. ``split``: ``bench/trl_side_by_side.py --project-only`` on the SFT and Math GRPO smoke
+   profiles (:data:`SPLIT_PROFILES`), 4 steps each: a run's end to end split into start-up,
+   evaluation, training, saving and the rest, as the CPU bench reports it beside TRL (no TRL
+   here); the medians go into ``summary.json`` (``split``), the output after the smokes'.
 
 A phase gets what is left of ``--budget`` (seconds from the start) and is stopped at that
 point; the phases after it are recorded as skipped. ``summary.json`` is rewritten after every
@@ -50,6 +54,7 @@ PHASE_LIMITS = {
         "bench": 240,
         "concurrency": 150,
         "smoke": 150,
+        "split": 150,
     },
     "cpu": {
         "environment": 180,
@@ -58,7 +63,13 @@ PHASE_LIMITS = {
         "bench": 600,
         "concurrency": 300,
         "smoke": 400,
+        "split": 400,
     },
+}
+# Phase ``split``: the smoke profiles of the two journeys the CPU bench compares with TRL.
+SPLIT_PROFILES = {
+    "sft": "recipes/sft/conversational/configs/local-cpu-tiny-qwen3.json",
+    "grpo": "recipes/rl/math_grpo/configs/local-cpu-tiny-qwen3-smoke.json",
 }
 # bench/sampler_concurrency.py: issue 33's GPU sizes (1, 8 and 64 rows of the 0.6B-shaped model)
 # on CUDA, a small run of tiny-qwen3 on the CPU.
@@ -321,6 +332,18 @@ class Check:
             argv.append(f"log_path={self.work / 'runs' / name}")
             self.phase(f"smoke:{name}", argv, log)
 
+    def split(self) -> None:
+        """The two journeys' end-to-end split on this machine; the medians (without each run)
+        go into summary.json (``split``)."""
+        result = self.work / "split.json"
+        cmd = [sys.executable, "bench/trl_side_by_side.py", "--project-only", "--steps", "4"]
+        cmd += ["--sft-profile", SPLIT_PROFILES["sft"], "--grpo-profile", SPLIT_PROFILES["grpo"]]
+        cmd += ["--out", str(result)]
+        rc = self.phase("split", cmd, self.out / "smokes.log", stdout=self.work / "split.stdout")
+        if rc == 0 and result.exists():
+            self.summary["split"] = split_summary(json.loads(result.read_text()))
+            self.write_summary()
+
     def backend_logs(self) -> None:
         """The test backends' server and worker logs, for a failure to be read afterwards."""
         logs = (
@@ -332,6 +355,17 @@ class Check:
         with tarfile.open(self.out / "backend_logs.tar.gz", "w:gz") as tar:
             for path in logs:
                 tar.add(path, arcname=str(path.relative_to(self.work)))
+
+
+def split_summary(bench: dict) -> dict:
+    """What ``summary.json`` keeps of the split bench's JSON: each journey's medians (its
+    profile, steps, first step, total and phases), not every run."""
+    result = bench["result"]
+    return {
+        name: {key: value for key, value in data.items() if key != "each"}
+        for name, data in result.items()
+        if isinstance(data, dict) and "phases" in data
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        default="environment,models,gpu_tests,bench,concurrency,smokes",
+        default="environment,models,gpu_tests,bench,concurrency,smokes,split",
         help="comma-separated phases to run (environment and models always run)",
     )
     args = parser.parse_args(argv)
@@ -366,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         check.concurrency(models)
     if "smokes" in only:
         check.smokes(models)
+    if "split" in only:
+        check.split()
     check.backend_logs()
     failed = [p["name"] for p in check.summary["phases"] if p.get("status") != "passed"]
     check.summary["result"] = "passed" if not failed else f"not passed: {', '.join(failed)}"

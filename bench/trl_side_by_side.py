@@ -4,6 +4,7 @@ times, and end-to-end times split into phases, with both sides in the same preci
     python3 -m uv run --frozen --all-extras python bench/trl_side_by_side.py --same-evals --repeat 3
     python3 -m uv run --frozen --all-extras python bench/trl_side_by_side.py --only sft --steps 4
     python3 -m uv run --frozen --all-extras python bench/trl_side_by_side.py --precision bf16 --same-evals
+    python bench/trl_side_by_side.py --project-only --sft-profile P --grpo-profile Q   # no TRL
 
 What is compared. Each side trains the same model (the profile's, loaded from the same offline
 files), on the same rendered data or the same problems, with the same LoRA, learning rate,
@@ -83,7 +84,12 @@ first, and reports each pair and the median of the pairs' values (ratios with th
 The JSON goes to ``bench/results/<machine>-<date>/trl_side_by_side_fair.json``
 (``..._fair_bf16.json`` for bf16) or ``--out``, rewritten after every pair.
 
-Needs the ``bench`` extra (TRL); no journey imports TRL.
+``--project-only`` runs only the recipes (on ``--sft-profile`` / ``--grpo-profile``, default
+the CPU profiles above) and reports each run's phase split and their medians, without TRL: the
+GPU check (``bench/gpu_check.py``, phase ``split``) runs it on the journeys' smoke profiles, so a
+lent GPU machine reports the same start-up / evaluation / training / saving split.
+
+Needs the ``bench`` extra (TRL), except with ``--project-only``; no journey imports TRL.
 """
 
 from __future__ import annotations
@@ -232,6 +238,22 @@ def summarise(pairs: Sequence[dict]) -> dict:
     return {**out, "pairs": list(pairs)}
 
 
+PROJECT_MEDIANS = ("step_median_s", "first_step_s", "total_s")
+
+
+def summarise_project(runs: Sequence[dict]) -> dict:
+    """``--project-only``: the median over the runs of the recipe's warm step, first step, total
+    and phases, then every run (no TRL side: the GPU check's end-to-end split)."""
+    rows = [{**run, "step_median_s": warm_median(run["step_s"])} for run in runs]
+    out: dict[str, Any] = {"runs": len(rows)}
+    for key in PROJECT_MEDIANS:
+        out[key] = round(statistics.median(row[key] for row in rows), 3)
+    out["phases"] = {
+        phase: round(statistics.median(row["phases"][phase] for row in rows), 3) for phase in PHASES
+    }
+    return {**out, "each": list(rows)}
+
+
 def eval_summary(result: dict) -> dict:
     """The few numbers of one evaluation both sides report: Math GRPO's accuracy, or SFT's
     held-out hits and the controls it kept."""
@@ -366,9 +388,12 @@ def patched(replacements: Sequence[tuple[Any, str, Any]]) -> Iterator[None]:
                 setattr(owner, name, original)
 
 
-def run_recipe(name: str, steps: int, where: Path, precision: str) -> dict:
-    """Recipe ``name``'s ``main`` in this process, logging to ``where``, with its evaluations,
-    saves and steps timed as spans and its sub-jobs' dtypes checked."""
+def run_recipe(
+    name: str, steps: int, where: Path, precision: str, profile: str | None = None
+) -> dict:
+    """Recipe ``name``'s ``main`` in this process (on ``profile``, default its CPU profile),
+    logging to ``where``, with its evaluations, saves and steps timed as spans and its
+    sub-jobs' dtypes checked."""
     import importlib
 
     from cortex_recipes.cortex_client import ExplainedClient
@@ -404,7 +429,10 @@ def run_recipe(name: str, steps: int, where: Path, precision: str) -> dict:
     ]
     replacements.append((ExplainedClient, "wait_for_job", noting(ExplainedClient.wait_for_job)))
     config = train.Config(
-        profile=recipe.profile, steps=steps, log_path=str(where), overrides=overrides_for(precision)
+        profile=profile or recipe.profile,
+        steps=steps,
+        log_path=str(where),
+        overrides=overrides_for(precision),
     )
     with patched(replacements):
         clock.start()
@@ -750,23 +778,26 @@ def trl_grpo(steps: int, work: Path, precision: str, same_evals: bool) -> dict:
 # -- the command ----------------------------------------------------------------------------
 
 
-def check_profiles(precision: str) -> str | None:
+def check_profiles(
+    precision: str, sft_profile: str = SFT_PROFILE, grpo_profile: str = GRPO_PROFILE
+) -> str | None:
     """Why the profiles cannot run in ``precision`` (their dtype after the overrides), or None."""
     from cortex_recipes import sft
     from cortex_recipes.rl.grpo_profile import load_grpo_profile
 
     want = PRECISIONS[precision]
-    for path, load in ((SFT_PROFILE, sft.load_profile), (GRPO_PROFILE, load_grpo_profile)):
+    for path, load in ((sft_profile, sft.load_profile), (grpo_profile, load_grpo_profile)):
         dtype = load(path, overrides_for(precision)).dtype
         if dtype != want:
             return f"{path} trains in {dtype}, not {want}: --precision {precision} needs {want}"
     return None
 
 
-def default_out(machine: str, precision: str) -> Path:
+def default_out(machine: str, precision: str, project_only: bool = False) -> Path:
     suffix = "" if precision == "fp32" else f"_{precision}"
     day = time.strftime("%Y-%m-%d")
-    return ROOT / "bench" / "results" / f"{machine}-{day}" / f"trl_side_by_side_fair{suffix}.json"
+    name = "recipes_split" if project_only else "trl_side_by_side_fair"
+    return ROOT / "bench" / "results" / f"{machine}-{day}" / f"{name}{suffix}.json"
 
 
 def versions() -> dict:
@@ -817,12 +848,28 @@ def main() -> None:
         help="write the JSON here (default: bench/results/<machine>-<date>/"
         "trl_side_by_side_fair.json, _fair_bf16.json for bf16); rewritten after every pair",
     )
+    parser.add_argument(
+        "--project-only",
+        action="store_true",
+        help="run only the recipes (no TRL, which need not be installed): each run's phase "
+        "split, the medians over --repeat runs (the GPU check's end-to-end split)",
+    )
+    parser.add_argument("--sft-profile", default=SFT_PROFILE, help="SFT's profile (--project-only)")
+    parser.add_argument(
+        "--grpo-profile", default=GRPO_PROFILE, help="Math GRPO's profile (--project-only)"
+    )
     args = parser.parse_args()
+    if not args.project_only and (args.sft_profile, args.grpo_profile) != (
+        SFT_PROFILE,
+        GRPO_PROFILE,
+    ):
+        parser.error("--sft-profile / --grpo-profile: only with --project-only (TRL's side "
+                     "is built for the CPU profiles)")  # fmt: skip
     if args.steps < 2:
         parser.error(f"--steps={args.steps}; accepted: 2 or more (step 1 is warm-up)")
     if args.repeat < 1:
         parser.error(f"--repeat={args.repeat}; accepted: 1 or more")
-    problem = check_profiles(args.precision)
+    problem = check_profiles(args.precision, args.sft_profile, args.grpo_profile)
     if problem:
         parser.error(problem)
 
@@ -834,7 +881,9 @@ def main() -> None:
     threads = os.cpu_count() or 1
     torch.set_num_threads(threads)
     work = Path(tempfile.mkdtemp(prefix="bench-trl-"))
-    out = Path(args.out) if args.out else default_out(args.machine, args.precision)
+    out = (
+        Path(args.out) if args.out else default_out(args.machine, args.precision, args.project_only)
+    )
     result: dict = {
         "steps": args.steps,
         "repeat": args.repeat,
@@ -849,12 +898,25 @@ def main() -> None:
             "TRL ran no evaluations and the recipe ran its own: the end-to-end totals compare "
             "different work (--same-evals makes TRL run the same ones)"
         )
+    if args.project_only:
+        result["note"] = "the recipes alone (--project-only): no TRL side, no ratios"
+    profiles = {"sft": args.sft_profile, "math_grpo": args.grpo_profile}
     sides = {
-        "sft": (functools.partial(run_recipe, "sft"), trl_sft),
-        "math_grpo": (functools.partial(run_recipe, "math_grpo"), trl_grpo),
+        "sft": (functools.partial(run_recipe, "sft", profile=args.sft_profile), trl_sft),
+        "math_grpo": (
+            functools.partial(run_recipe, "math_grpo", profile=args.grpo_profile),
+            trl_grpo,
+        ),
     }
     for name, (ours, theirs) in sides.items():
         if args.only not in (None, name.removeprefix("math_")):
+            continue
+        if args.project_only:
+            runs = []
+            for i in range(args.repeat):
+                runs.append(ours(args.steps, work / f"{name}-{i}" / "project", args.precision))
+                result[name] = {"profile": profiles[name], **summarise_project(runs)}
+                write(out, work, result)
             continue
         pairs: list[dict] = []
         for i in range(args.repeat):

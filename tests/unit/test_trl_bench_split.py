@@ -95,6 +95,26 @@ def test_the_summary_is_the_median_of_the_pairs_with_the_ratios_range():
     assert summary["trl_phases"]["startup_s"] == 0.5
 
 
+def test_the_recipes_alone_are_summarised_by_their_medians_and_the_gpu_check_keeps_those():
+    runs = [
+        bench.side_times([4.0, 2.0, 2.0], 20.0, [("step", 5.0, 9.0), ("eval", 1.0, 4.0)]),
+        bench.side_times([6.0, 3.0, 3.0], 30.0, [("step", 6.0, 12.0), ("eval", 1.0, 5.0)]),
+        bench.side_times([5.0, 4.0, 4.0], 25.0, [("step", 7.0, 12.0), ("eval", 2.0, 6.0)]),
+    ]
+    summary = bench.summarise_project(runs)
+    assert summary["runs"] == 3 and len(summary["each"]) == 3
+    assert summary["step_median_s"] == 3.0  # the warm steps' medians 2, 3, 4
+    assert summary["first_step_s"] == 5.0 and summary["total_s"] == 25.0
+    assert summary["phases"]["train_s"] == 12.0 and summary["phases"]["eval_s"] == 4.0
+    assert set(summary["phases"]) == set(bench.PHASES)
+    check = load_script("bench/gpu_check.py", "gpu_check")
+    kept = check.split_summary(
+        {"work": "/tmp/x", "result": {"steps": 4, "sft": {"profile": "p", **summary}}}
+    )
+    assert set(kept) == {"sft"} and "each" not in kept["sft"]
+    assert kept["sft"]["phases"] == summary["phases"] and kept["sft"]["profile"] == "p"
+
+
 def test_pairs_alternate_which_side_goes_first():
     order = []
 
