@@ -48,6 +48,7 @@ from cortex_recipes.local.worker_spawn import (
     spares_enabled,
     worker_env,
 )
+from cortex_recipes.local.zygote import Zygote
 from cortex_recipes.models import FIXTURE_MODELS, ModelNotAvailableError, resolve_model_path
 
 log = logging.getLogger(__name__)
@@ -156,11 +157,14 @@ class JobRegistry:
                     return False
         return True
 
-    def start_spare(self, early: Sequence[Spare] = ()) -> None:
+    def start_spare(self, early: Sequence[Spare] = (), zygote: Zygote | None = None) -> None:
         """Pre-start a CPU worker when sub-jobs will run on the CPU (no GPU visible, or device
         mode ``cpu``); on a GPU machine the first sub-job's placement decides (SparePool).
-        ``early``: those the server started before importing torch (``early_spares``)."""
+        ``early`` / ``zygote``: what the server started before importing torch
+        (``early_workers``): spares, or the zygote that forks them."""
         self.spares.adopt(list(early))
+        if zygote is not None:
+            self.spares.use_zygote(zygote)
         if self.device_mode == devices.CPU or self.cuda_count == 0:
             self.spares.replenish(worker_env(devices.worker_visible_devices(devices.CPU, None)))
 

@@ -52,10 +52,10 @@ def serve(
 ) -> None:
     """``api_token``: the PAT hosted mode requires (None: a new one, not shown)."""
     from cortex_recipes.local.devices import CPU, worker_visible_devices
-    from cortex_recipes.local.worker_spawn import early_spares, worker_env
+    from cortex_recipes.local.worker_spawn import early_workers, worker_env
 
-    # Before the imports below (torch among them): the spares import at the same time.
-    early = early_spares(
+    # Before the imports below (torch among them): the zygote (or the spares) import meanwhile.
+    zygote, early = early_workers(
         Path(state_dir) / "spares", device, worker_env(worker_visible_devices(CPU, None))
     )
     import uvicorn
@@ -83,7 +83,7 @@ def serve(
     )
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30)
     server = uvicorn.Server(config)
-    app.state.backend.registry.start_spare(early)
+    app.state.backend.registry.start_spare(early, zygote)
     if ready_file is not None:
         tmp = ready_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({"host": host, "port": bound_port, "pid": os.getpid()}))

@@ -331,20 +331,16 @@ def wait_for_assignment(sock: socket.socket) -> tuple[WorkerSpec, Path] | None:
     return WorkerSpec.from_json(Path(header["spec"]).read_text()), log_path
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--fd", type=int, required=True)
-    parser.add_argument("--spec", help="the sub-job's spec file (without it: a spare worker)")
-    args = parser.parse_args(argv)
-    sock = socket.socket(fileno=args.fd)
-    if args.spec:
-        spec = WorkerSpec.from_json(Path(args.spec).read_text())
-    else:
-        warm_imports()
-        assigned = wait_for_assignment(sock)
-        if assigned is None:
-            return 0
-        spec, _ = assigned
+def run_spare(sock: socket.socket) -> int:
+    """A spare's life once its imports are done: wait for its ``assign``, then serve it."""
+    assigned = wait_for_assignment(sock)
+    if assigned is None:
+        return 0
+    spec, _ = assigned
+    return run_sub_job(sock, spec)
+
+
+def run_sub_job(sock: socket.socket, spec: WorkerSpec) -> int:
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s {spec.sub_job_id} %(levelname)s %(message)s",
@@ -353,6 +349,36 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(spec.threads)
     serve(sock, spec)
     return 0
+
+
+def run_forked_spare(fd: int, log_path: str) -> None:
+    """A spare forked by :mod:`cortex_recipes.local.zygote` (its imports already done): its
+    output to ``log_path``, then :func:`run_spare` on socket ``fd``; never returns."""
+    from cortex_recipes.local.worker_spawn import exit_now
+
+    code = 1
+    try:
+        out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(out)
+        code = run_spare(socket.socket(fileno=fd))
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        exit_now(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--spec", help="the sub-job's spec file (without it: a spare worker)")
+    args = parser.parse_args(argv)
+    sock = socket.socket(fileno=args.fd)
+    if args.spec:
+        return run_sub_job(sock, WorkerSpec.from_json(Path(args.spec).read_text()))
+    warm_imports()
+    return run_spare(sock)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Starting and stopping worker processes: their environment (only their own GPU visible,
 bytecode kept), ``python -m cortex_recipes.local.worker`` over an inherited socket, a stop that
 becomes a kill after :data:`STOP_TIMEOUT_S`, and the pre-started spare (:class:`SparePool`)
-that the next sub-job's worker takes over instead of starting cold.
+that the next sub-job's worker takes over instead of starting cold, forked from the worker
+zygote (:mod:`cortex_recipes.local.zygote`) where the server has one.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import contextlib
 import itertools
 import logging
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -19,6 +21,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from cortex_recipes.local.zygote import Zygote, ZygoteError
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +36,10 @@ SPARE_QUIET_POLL_S = 0.2
 SPARE_ENV = "CORTEX_RECIPES_SPARE_WORKER"
 # Spares a CPU-only server starts before importing torch: a trainer and a sampler (early_spares).
 EARLY_SPARES = 2
+# "0" starts CPU spares as processes of their own instead of forking them from a zygote.
+ZYGOTE_ENV = "CORTEX_RECIPES_WORKER_ZYGOTE"
+# How long a sub-job waits for the spare the zygote is forking before starting its own process.
+FORK_WAIT_S = 120.0
 
 
 def spares_enabled() -> bool:
@@ -154,6 +162,12 @@ class SparePool:
     :data:`SPARE_QUIET_S`: a spare importing torch beside a running step or a loading model
     takes the cores they are using (on 2 cores it made an SFT run's first step 2.5 times its
     median), and the job that took the spare has its workers already.
+
+    With a zygote (:meth:`use_zygote`: a CPU-only server's, :func:`early_workers`), spares for
+    its environment are forked from it instead, at once and in the background (a fork imports
+    nothing, so it waits for no quiet spell), and a sub-job that finds none waits for a fork in
+    flight rather than starting a process that would import everything again. A zygote that
+    fails is dropped and spares start as processes from then on.
     """
 
     def __init__(
@@ -174,10 +188,18 @@ class SparePool:
         self._deferred: dict[str, str] | None = None
         self._wake = threading.Event()
         self._watcher: threading.Thread | None = None
+        self._zygote: Zygote | None = None
+        self._forks_pending = 0  # forks asked of the zygote and not yet answered
+        self._forked = threading.Condition(self._lock)
+        self._fork_queue: queue.Queue = queue.Queue()
 
     def replenish(self, env: dict[str, str], *, defer: bool = False) -> None:
         """Have a spare with environment ``env`` ready (stopping those for another); with
-        ``defer`` (and a ``quiet`` predicate), once the backend has been quiet for a while."""
+        ``defer`` (and a ``quiet`` predicate), once the backend has been quiet for a while. Where
+        the zygote serves ``env`` it is forked at once (a fork takes no core from anyone)."""
+        if self._zygote is not None and env == self._zygote.env:
+            self._request_forks(env, 1)
+            return
         if defer and self._quiet is not None:
             with self._lock:
                 if not self.enabled or self._closed:
@@ -223,7 +245,7 @@ class SparePool:
         process)."""
         while True:
             with self._lock:
-                spare = next((s for s in self._spares if s.env == env), None)
+                spare = self._next_spare(env)
                 if spare is None:
                     return None
                 self._spares.remove(spare)
@@ -239,6 +261,88 @@ class SparePool:
             if spare.log_path.stat().st_size == 0:
                 spare.log_path.unlink()
         return spare
+
+    def _next_spare(self, env: dict[str, str]) -> Spare | None:
+        """The first spare for ``env``, waiting for one the zygote is forking (it answers once
+        its imports are done: starting a process instead would import them all again). Called
+        with the lock held."""
+        deadline = time.monotonic() + FORK_WAIT_S
+        while True:
+            spare = next((s for s in self._spares if s.env == env), None)
+            zygote = self._zygote
+            if spare is not None or zygote is None or env != zygote.env:
+                return spare
+            if self._forks_pending == 0 or self._closed or time.monotonic() >= deadline:
+                return None
+            self._forked.wait(timeout=0.5)
+
+    # -- the zygote ---------------------------------------------------------------------------
+
+    def use_zygote(self, zygote: Zygote, count: int = EARLY_SPARES) -> None:
+        """Fork this pool's spares for ``zygote.env`` from ``zygote`` from now on, ``count``
+        of them at once (in the background: the first answer waits for its imports)."""
+        with self._lock:
+            closed = self._closed or not self.enabled
+            if not closed:
+                self._zygote = zygote
+                threading.Thread(target=self._fork_loop, name="spare-forks", daemon=True).start()
+        if closed:
+            zygote.close()
+            return
+        self._request_forks(zygote.env, count)
+
+    def _request_forks(self, env: dict[str, str], count: int) -> None:
+        """Have ``count`` spares for ``env`` ready or being forked."""
+        with self._lock:
+            if not self.enabled or self._closed:
+                return
+            self._deferred = None
+            have = sum(1 for s in self._spares if s.env == env) + self._forks_pending
+            for _ in range(max(0, count - have)):
+                self._forks_pending += 1
+                self._fork_queue.put(env)
+
+    def _fork_loop(self) -> None:
+        """Answer fork requests one at a time: the zygote's fork, or where it failed a
+        process started the ordinary way (and no zygote from then on)."""
+        while True:
+            env = self._fork_queue.get()
+            if env is None:
+                return
+            spare = None
+            try:
+                with self._lock:
+                    zygote = None if self._closed else self._zygote
+                if zygote is not None:
+                    self.log_dir.mkdir(parents=True, exist_ok=True)
+                    log_path = self.log_dir / f"spare-{next(self._count)}.log"
+                    try:
+                        process, sock = zygote.fork(log_path)
+                    except OSError as exc:
+                        log.warning("the worker zygote failed (%s); spares start as processes", exc)
+                        self._drop_zygote()
+                        try:
+                            process, sock = spawn_worker(env, log_path, None)
+                        except OSError as spawn_exc:
+                            log.warning("no spare worker (%s)", spawn_exc)
+                            process = None
+                    if process is not None:
+                        spare = Spare(process, sock, env, log_path)
+            finally:
+                with self._lock:
+                    self._forks_pending -= 1
+                    keep = spare is not None and not self._closed
+                    if keep:
+                        self._spares.append(spare)
+                    self._forked.notify_all()
+                if spare is not None and not keep:
+                    self.stop(spare)
+
+    def _drop_zygote(self) -> None:
+        with self._lock:
+            zygote, self._zygote = self._zygote, None
+        if zygote is not None:
+            zygote.close()
 
     def _watch(self) -> None:
         """Start the deferred spare once ``quiet()`` has held for ``quiet_s`` seconds."""
@@ -271,7 +375,10 @@ class SparePool:
             self._closed = True
             self._deferred = None
             spares, self._spares = self._spares, []
+            self._forked.notify_all()
         self._wake.set()
+        self._fork_queue.put(None)
+        self._drop_zygote()
         for spare in spares:
             self.stop(spare)
 
@@ -313,6 +420,29 @@ def early_spares(log_dir: Path, device_mode: str, cpu_env: dict[str, str]) -> li
             break
         spares.append(Spare(process, sock, cpu_env, log_path))
     return spares
+
+
+def zygote_enabled() -> bool:
+    return os.environ.get(ZYGOTE_ENV, "1") != "0"
+
+
+def early_workers(
+    log_dir: Path, device_mode: str, cpu_env: dict[str, str]
+) -> tuple[Zygote | None, list[Spare]]:
+    """What a server starts before importing torch, where every sub-job certainly runs on the
+    CPU (as :func:`early_spares`): the worker zygote (:mod:`cortex_recipes.local.zygote`), which
+    imports once and forks the spares (:meth:`SparePool.use_zygote`), or where it cannot start
+    (not Linux, ``$CORTEX_RECIPES_WORKER_ZYGOTE=0``) the :func:`early_spares` themselves."""
+    if not spares_enabled() or (device_mode != "cpu" and nvidia_device_nodes()):
+        return None, []
+    if zygote_enabled():
+        log_dir = Path(log_dir)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            return Zygote(cpu_env, log_dir / "zygote.log"), []
+        except (OSError, ZygoteError) as exc:
+            log.info("no worker zygote (%s): spares start as processes", exc)
+    return None, early_spares(log_dir, device_mode, cpu_env)
 
 
 def exit_now(code: int) -> None:
