@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cortex_recipes.local.batcher import Batcher, Limits, Pending
+from cortex_recipes.local.batcher import Batcher, Limits, Pending, common_prefix
 from cortex_recipes.local.decoding import SamplingParams, _Row
 from cortex_recipes.models import load_causal_lm, load_tokenizer
 from cortex_recipes.models.fixtures import TINY_QWEN3
@@ -174,3 +174,57 @@ def test_stop_strings_and_ids_finish_rows_inside_a_shared_batch(model, tokenizer
     assert a.rows[0].result()["finish_reason"] == "stop"
     assert b.rows[0].result()["token_ids"] == ref
     assert b.rows[0].result()["finish_reason"] == "length"
+
+
+def logprobs_of(out: dict) -> torch.Tensor:
+    return torch.tensor(
+        [e[str(t)]["logprob"] for e, t in zip(out["logprobs"], out["token_ids"], strict=True)]
+    )
+
+
+def test_common_prefix_leaves_every_prompt_a_token_of_its_own():
+    assert common_prefix([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 9]]) == 2
+    assert common_prefix([[1, 2, 3], [1, 2, 3, 4]]) == 2  # one prompt is the other's prefix
+    assert common_prefix([[7, 2], [8, 2]]) == 0
+
+
+def test_prompts_sharing_a_prefix_prefill_it_once_and_sample_what_they_sample_alone(
+    model, tokenizer
+):
+    """A group whose prompts share a prefix of at least MIN_SHARED_PREFIX tokens runs the
+    prefix once and each rest after it (identical prompts once in all): every row still gets
+    the tokens it gets alone and its logprobs within 1e-4, greedy and seeded sampling alike,
+    including a row that joins the running batch afterwards."""
+    system = prompt(20, 24)
+    prompts = [system + prompt(21, 5), system + prompt(22, 11), system + prompt(21, 5)]
+    greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=0)
+    hot = SamplingParams(max_tokens=6, temperature=1.0, seed=5, ignore_eos=True, logprobs=1)
+    calls = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, args, kwargs: calls.append(tuple(kwargs["input_ids"].shape)),
+        with_kwargs=True,
+    )
+    try:
+        batcher = Batcher(model, pad_id=0)
+        first = request(tokenizer, 1, prompts, greedy)
+        sampled = request(tokenizer, 2, prompts, hot)
+        batcher.add(first)
+        batcher.add(sampled)
+        batcher.step(0)  # the prefill of all six rows
+        # the prefix once, then the two distinct rests (11 tokens wide): not 6 rows x 35
+        assert calls == [(1, 24), (2, 11)]
+        batcher.step(0)
+        late = request(tokenizer, 3, [system + prompt(23, 3)], greedy)
+        batcher.add(late)
+        done = drain(batcher)
+    finally:
+        hook.remove()
+    assert sorted(r.key for r in done) == [1, 2, 3]
+    for req, params in ((first, greedy), (sampled, hot), (late, greedy)):
+        for row in req.rows:
+            ref = alone(model, tokenizer, row.prompt_ids, params)
+            out = row.result()
+            assert out["token_ids"] == ref["token_ids"]
+            assert torch.allclose(logprobs_of(out), logprobs_of(ref), atol=1e-4)
+    # the two identical prompts under the same seed drew the same tokens
+    assert sampled.rows[0].result()["token_ids"] == sampled.rows[2].result()["token_ids"]

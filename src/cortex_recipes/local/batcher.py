@@ -33,6 +33,9 @@ from cortex_recipes.local.decoding import _advance, _Row
 from cortex_recipes.local.errors import BackendError
 from cortex_recipes.local.specs import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 
+# A group's common prompt prefix at least this long runs once (Batcher._prefill_distinct).
+MIN_SHARED_PREFIX = 8
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -76,6 +79,16 @@ class StepFailed(RuntimeError):
 
 def _row_tokens(row: _Row) -> int:
     return len(row.prompt_ids) + row.params.max_tokens
+
+
+def common_prefix(prompts: list[list[int]]) -> int:
+    """The longest prefix every prompt shares, short of the shortest prompt's last token (so
+    each prompt keeps a token of its own to predict from)."""
+    first, limit = prompts[0], min(len(p) for p in prompts) - 1
+    n = 0
+    while n < limit and all(p[n] == first[n] for p in prompts):
+        n += 1
+    return n
 
 
 def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -181,22 +194,15 @@ class Batcher:
 
     def _prefill_group(self, group, version: int) -> None:
         prompts = [row.prompt_ids for _, row in group]
-        width = max(len(p) for p in prompts)
-        inputs = torch.full((len(group), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(group), width), dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            inputs[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            attention[i, width - len(prompt) :] = 1
-        inputs, attention = inputs.to(self.device), attention.to(self.device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        outputs = self.model(
-            input_ids=inputs,
-            attention_mask=attention,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        cache = outputs.cache
+        distinct: dict[tuple[int, ...], int] = {}
+        which = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        logits, cache, attention = self._prefill_distinct([list(p) for p in distinct])
+        if len(distinct) < len(prompts):  # each row gets its prompt's logits and cache
+            index = torch.tensor(which, dtype=torch.long, device=self.device)
+            logits, attention = logits.index_select(0, index), attention.index_select(0, index)
+            for layer in cache.layers:
+                layer.keys = layer.keys.index_select(0, index)
+                layer.values = layer.values.index_select(0, index)
         for layer in cache.layers:
             if type(layer) is not DynamicLayer:
                 raise BackendError(
@@ -206,10 +212,61 @@ class Batcher:
         rows = [row for _, row in group]
         for row in rows:
             row.note_version(version)
-        tokens = _advance(rows, outputs.logits[:, -1].float())
+        tokens = _advance(rows, logits.float())
         self._merge(cache, attention)
         for (request, row), token, prompt in zip(group, tokens, prompts, strict=True):
             self.slots.append(_Slot(row, request, token, len(prompt)))
+
+    def _prefill_distinct(self, prompts: list[list[int]]):
+        """The last position's logits, the cache and its attention mask of ``prompts`` (all
+        different). Their longest common prefix, when at least :data:`MIN_SHARED_PREFIX` tokens,
+        runs once and each prompt's rest after it: the cache is then ``[prefix | left-padded
+        rest]``, the padding masked, each rest at its true positions."""
+        shared = common_prefix(prompts) if len(prompts) > 1 else 0
+        if shared < MIN_SHARED_PREFIX:
+            width = max(len(p) for p in prompts)
+            inputs = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+            attention = torch.zeros((len(prompts), width), dtype=torch.long)
+            for i, prompt in enumerate(prompts):
+                inputs[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+                attention[i, width - len(prompt) :] = 1
+            inputs, attention = inputs.to(self.device), attention.to(self.device)
+            positions = (attention.cumsum(-1) - 1).clamp(min=0)
+            outputs = self.model(
+                input_ids=inputs, attention_mask=attention, position_ids=positions,
+                use_cache=True, logits_to_keep=1,
+            )  # fmt: skip
+            return outputs.logits[:, -1], outputs.cache, attention
+        n = len(prompts)
+        prefix = torch.tensor([prompts[0][:shared]], dtype=torch.long, device=self.device)
+        head = self.model(
+            input_ids=prefix,
+            attention_mask=torch.ones_like(prefix),
+            position_ids=torch.arange(shared, device=self.device).unsqueeze(0),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache = head.cache
+        for layer in cache.layers:  # one copy of the prefix per prompt, by view
+            layer.keys = layer.keys.expand(n, -1, -1, -1)
+            layer.values = layer.values.expand(n, -1, -1, -1)
+        rests = [p[shared:] for p in prompts]
+        width = max(len(r) for r in rests)
+        inputs = torch.full((n, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        positions = torch.zeros((n, width), dtype=torch.long)
+        for i, rest in enumerate(rests):
+            inputs[i, width - len(rest) :] = torch.tensor(rest, dtype=torch.long)
+            mask[i, width - len(rest) :] = 1
+            positions[i, width - len(rest) :] = torch.arange(shared, shared + len(rest))
+        attention = torch.cat([torch.ones((n, shared), dtype=torch.long), mask], dim=1)
+        attention = attention.to(self.device)
+        outputs = self.model(
+            input_ids=inputs.to(self.device), attention_mask=attention,
+            position_ids=positions.to(self.device), cache=cache, use_cache=True,
+            logits_to_keep=1,
+        )  # fmt: skip
+        return outputs.logits[:, -1], outputs.cache, attention
 
     def _merge(self, cache, attention: torch.Tensor) -> None:
         if self.cache is None:

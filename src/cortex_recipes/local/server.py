@@ -353,6 +353,6 @@ def run_from_args(args: argparse.Namespace) -> int:
 if __name__ == "__main__":
     # Without the interpreter's finalisation (about 1 s with torch loaded): run_from_args has
     # stopped every worker and written every file by the time it returns.
-    from cortex_recipes.local.worker_spawn import exit_now
+    from cortex_recipes.local.exits import exit_now
 
     exit_now(main())

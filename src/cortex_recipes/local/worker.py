@@ -354,7 +354,7 @@ def run_sub_job(sock: socket.socket, spec: WorkerSpec) -> int:
 def run_forked_spare(fd: int, log_path: str) -> None:
     """A spare forked by :mod:`cortex_recipes.local.zygote` (its imports already done): its
     output to ``log_path``, then :func:`run_spare` on socket ``fd``; never returns."""
-    from cortex_recipes.local.worker_spawn import exit_now
+    from cortex_recipes.local.exits import exit_now
 
     code = 1
     try:
@@ -382,6 +382,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from cortex_recipes.local.worker_spawn import exit_now
+    from cortex_recipes.local.exits import exit_now
 
     exit_now(main())

@@ -445,17 +445,6 @@ def early_workers(
     return None, early_spares(log_dir, device_mode, cpu_env)
 
 
-def exit_now(code: int) -> None:
-    """Leave a worker or server process without the interpreter's finalisation: with torch
-    and transformers loaded it takes about 1 s, and a cancel waits for its workers to exit.
-    Nothing is left to write by then (a worker writes every command's result, saves included,
-    before its reply; the server has stopped its workers), so only the logs are flushed."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 def describe_exit(returncode: int | None) -> str:
     if returncode is None:
         return "closed its connection"

@@ -263,6 +263,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from cortex_recipes.local.worker_spawn import exit_now
+    from cortex_recipes.local.exits import exit_now
 
     exit_now(main())
