@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import py_compile
+import socket
 import subprocess
 import sys
 import time
@@ -16,27 +17,30 @@ from cortex_recipes.local import worker_spawn
 from cortex_recipes.local.worker_spawn import SparePool, bytecode_hint, worker_env
 
 
+def sleeper(log_path) -> tuple[subprocess.Popen, socket.socket]:
+    """A process that only waits for its socket to close, as a spare does, and the server's
+    end of that socket."""
+    parent, child = socket.socketpair()
+    wait = "import socket, sys; socket.socket(fileno=int(sys.argv[1])).recv(1)"
+    with open(log_path, "ab") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-c", wait, str(child.fileno())],
+            pass_fds=(child.fileno(),),
+            stdout=log_file,
+        )
+    child.close()
+    return process, parent
+
+
 @pytest.fixture
 def sleeping_spares(monkeypatch):
-    """spawn_worker replaced by a process that only waits for its socket to close, as a spare
-    does: the pool's logic without torch."""
+    """spawn_worker replaced by :func:`sleeper`: the pool's logic without torch."""
     started: list[dict] = []
 
     def spawn(env, log_path, spec_path):
-        import socket
-
         assert spec_path is None  # the pool only starts spares
         started.append(env)
-        parent, child = socket.socketpair()
-        wait = "import socket, sys; socket.socket(fileno=int(sys.argv[1])).recv(1)"
-        with open(log_path, "ab") as log_file:
-            process = subprocess.Popen(
-                [sys.executable, "-c", wait, str(child.fileno())],
-                pass_fds=(child.fileno(),),
-                stdout=log_file,
-            )
-        child.close()
-        return process, parent
+        return sleeper(log_path)
 
     monkeypatch.setattr(worker_spawn, "spawn_worker", spawn)
     return started

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,20 +18,7 @@ from cortex_recipes.local import worker_spawn
 from cortex_recipes.local.worker_spawn import SparePool, worker_env
 from cortex_recipes.local.zygote import ForkedProcess, ZygoteError
 
-SLEEPER = "import socket, sys; socket.socket(fileno=int(sys.argv[1])).recv(1)"
-
-
-def sleeper(log_path) -> tuple[subprocess.Popen, socket.socket]:
-    """A process that waits for its socket to close, as a spare does."""
-    parent, child = socket.socketpair()
-    with open(log_path, "ab") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-c", SLEEPER, str(child.fileno())],
-            pass_fds=(child.fileno(),),
-            stdout=log_file,
-        )
-    child.close()
-    return process, parent
+from .test_spare_workers import sleeper
 
 
 class StandInZygote:
